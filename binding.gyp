@@ -1,0 +1,25 @@
+{
+  "targets": [
+    {
+      "target_name": "dki_native",
+      "sources": [
+        "native/binding.cpp",
+        "native/mapped_file.cpp",
+        "native/model.cpp",
+        "native/forward.cpp",
+        "native/threadpool.cpp",
+        "native/kernels/dispatch.cpp",
+        "native/kernels/kernels_scalar.cpp",
+        "native/kernels/kernels_avx2.cpp",
+        "native/sampler.cpp"
+      ],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")", "native"],
+      "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],
+      "cflags!": ["-fno-exceptions"],
+      "cflags_cc!": ["-fno-exceptions", "-std=gnu++1y", "-std=gnu++17"],
+      "cflags_cc": ["-std=c++17", "-O3", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      "cflags": ["-O3"],
+      "ldflags": ["-pthread"]
+    }
+  ]
+}

@@ -1,0 +1,514 @@
+// Node-API surface of the engine: thin and strict. Every argument is type-checked here; all
+// policy (file discovery, tokenisation, generation loop, stop strings) lives in TypeScript.
+// Heavy calls run on libuv worker threads and return Promises.
+#include <napi.h>
+
+#include <memory>
+#include <mutex>
+
+#include "context.h"
+#include "kernels/kernels.h"
+#include "model.h"
+#include "sampler.h"
+#include "threadpool.h"
+
+namespace {
+
+using namespace dki;
+
+// Heavy work is serialised: the thread pool already uses every core, and the pool must not be
+// resized under a running loop.
+std::mutex g_compute;
+
+[[noreturn]] void throw_type(Napi::Env env, const std::string& msg) { throw Napi::TypeError::New(env, msg); }
+
+double get_number(const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber()) throw_type(o.Env(), std::string("\"") + key + "\" must be a number");
+  return v.As<Napi::Number>().DoubleValue();
+}
+
+int get_int(const Napi::Object& o, const char* key) {
+  double d = get_number(o, key);
+  if (d != double(int64_t(d)) || d < -2147483648.0 || d > 2147483647.0) throw_type(o.Env(), std::string("\"") + key + "\" must be an integer");
+  return int(d);
+}
+
+bool get_bool(const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsBoolean()) throw_type(o.Env(), std::string("\"") + key + "\" must be a boolean");
+  return v.As<Napi::Boolean>().Value();
+}
+
+std::string get_string(const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsString()) throw_type(o.Env(), std::string("\"") + key + "\" must be a string");
+  return v.As<Napi::String>().Utf8Value();
+}
+
+// A Promise-returning worker: Run() executes off the main thread, Resolve() builds the value.
+class PromiseWorker : public Napi::AsyncWorker {
+ public:
+  explicit PromiseWorker(Napi::Env env) : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise promise() { return deferred_.Promise(); }
+
+ protected:
+  virtual void Run() = 0;
+  virtual Napi::Value Resolve(Napi::Env env) { return env.Undefined(); }
+  virtual void Finally() {}
+
+ private:
+  void Execute() override {
+    try {
+      Run();
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    Finally();
+    deferred_.Resolve(Resolve(Env()));
+  }
+  void OnError(const Napi::Error& e) override {
+    Finally();
+    deferred_.Reject(e.Value());
+  }
+  Napi::Promise::Deferred deferred_;
+};
+
+// ---------------------------------------------------------------- Model
+
+class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeModel",
+                                   {InstanceMethod("info", &ModelWrap::Info), InstanceMethod("dispose", &ModelWrap::Dispose)});
+    ctor = Napi::Persistent(f);
+    exports.Set("NativeModel", f);
+  }
+  explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {}
+
+  std::shared_ptr<const Model> model(Napi::Env env) const {
+    if (!model_) throw Napi::Error::New(env, "model has been disposed");
+    return model_;
+  }
+  void set(std::shared_ptr<const Model> m) { model_ = std::move(m); }
+
+ private:
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    auto m = model(info.Env());
+    Napi::Object o = Napi::Object::New(info.Env());
+    char fp[17];
+    snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(m->fingerprint()));
+    o.Set("fingerprint", fp);
+    o.Set("paramCount", double(m->param_count()));
+    o.Set("weightBytes", double(m->weight_bytes()));
+    return o;
+  }
+  // Drops this handle's reference; contexts that still use the model keep it alive.
+  Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    model_.reset();
+    return info.Env().Undefined();
+  }
+  std::shared_ptr<const Model> model_;
+};
+Napi::FunctionReference ModelWrap::ctor;
+
+class LoadWorker : public PromiseWorker {
+ public:
+  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs) : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)) {}
+  void Run() override { model_ = std::make_shared<const Model>(cfg_, specs_); }
+  Napi::Value Resolve(Napi::Env env) override {
+    Napi::Object obj = ModelWrap::ctor.New({});
+    ModelWrap::Unwrap(obj)->set(model_);
+    return obj;
+  }
+
+ private:
+  ModelConfig cfg_;
+  std::vector<TensorSpec> specs_;
+  std::shared_ptr<const Model> model_;
+};
+
+// loadModel({ config, tensors: [{ name, file, dtype, shape, offset, nbytes }] }) → Promise<NativeModel>
+Napi::Value LoadModel(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsObject()) throw_type(env, "loadModel expects a spec object");
+  Napi::Object spec = info[0].As<Napi::Object>();
+  if (!spec.Get("config").IsObject()) throw_type(env, "spec.config must be an object");
+  Napi::Object c = spec.Get("config").As<Napi::Object>();
+  ModelConfig cfg;
+  cfg.vocab_size = get_int(c, "vocabSize");
+  cfg.hidden_size = get_int(c, "hiddenSize");
+  cfg.intermediate_size = get_int(c, "intermediateSize");
+  cfg.n_layers = get_int(c, "numLayers");
+  cfg.n_heads = get_int(c, "numHeads");
+  cfg.n_kv_heads = get_int(c, "numKvHeads");
+  cfg.head_dim = get_int(c, "headDim");
+  cfg.rms_norm_eps = float(get_number(c, "rmsNormEps"));
+  cfg.rope_theta = get_number(c, "ropeTheta");
+  cfg.tie_word_embeddings = get_bool(c, "tieWordEmbeddings");
+  cfg.attention_bias = get_bool(c, "attentionBias");
+  Napi::Value rs = c.Get("ropeScaling");
+  if (rs.IsObject()) {
+    Napi::Object r = rs.As<Napi::Object>();
+    cfg.rope_factor = get_number(r, "factor");
+    cfg.rope_low_freq_factor = get_number(r, "lowFreqFactor");
+    cfg.rope_high_freq_factor = get_number(r, "highFreqFactor");
+    cfg.rope_original_max_pos = get_number(r, "originalMaxPositionEmbeddings");
+  }
+  if (!spec.Get("tensors").IsArray()) throw_type(env, "spec.tensors must be an array");
+  Napi::Array arr = spec.Get("tensors").As<Napi::Array>();
+  std::vector<TensorSpec> specs;
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    if (!arr.Get(i).IsObject()) throw_type(env, "spec.tensors entries must be objects");
+    Napi::Object t = arr.Get(i).As<Napi::Object>();
+    TensorSpec s;
+    s.name = get_string(t, "name");
+    s.file = get_string(t, "file");
+    std::string dt = get_string(t, "dtype");
+    if (dt == "F32") s.dtype = DType::F32;
+    else if (dt == "F16") s.dtype = DType::F16;
+    else if (dt == "BF16") s.dtype = DType::BF16;
+    else throw_type(env, "tensor " + s.name + ": unsupported dtype " + dt);
+    double off = get_number(t, "offset"), nb = get_number(t, "nbytes");
+    if (off < 0 || nb < 0 || off != double(uint64_t(off)) || nb != double(uint64_t(nb))) throw_type(env, "tensor " + s.name + ": bad offset/nbytes");
+    s.offset = uint64_t(off);
+    s.nbytes = uint64_t(nb);
+    if (!t.Get("shape").IsArray()) throw_type(env, "tensor " + s.name + ": shape must be an array");
+    Napi::Array sh = t.Get("shape").As<Napi::Array>();
+    for (uint32_t j = 0; j < sh.Length(); j++) {
+      Napi::Value d = sh.Get(j);
+      if (!d.IsNumber() || d.As<Napi::Number>().DoubleValue() < 0) throw_type(env, "tensor " + s.name + ": bad shape");
+      s.shape.push_back(int64_t(d.As<Napi::Number>().DoubleValue()));
+    }
+    specs.push_back(std::move(s));
+  }
+  auto* w = new LoadWorker(env, cfg, std::move(specs));
+  Napi::Promise p = w->promise();
+  w->Queue();
+  return p;
+}
+
+// ---------------------------------------------------------------- K/V block
+
+class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeKVBlock",
+                                   {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose)});
+    ctor = Napi::Persistent(f);
+    exports.Set("NativeKVBlock", f);
+  }
+  explicit BlockWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<BlockWrap>(info) {}
+  static Napi::Object Wrap(std::shared_ptr<const KVBlock> b) {
+    Napi::Object obj = ctor.New({});
+    Unwrap(obj)->block_ = std::move(b);
+    return obj;
+  }
+  std::shared_ptr<const KVBlock> block(Napi::Env env) const {
+    if (!block_) throw Napi::Error::New(env, "K/V block has been disposed");
+    return block_;
+  }
+
+ private:
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    Napi::Env env = info.Env();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("nLayers", b->n_layers);
+    o.Set("nKvHeads", b->n_kv_heads);
+    o.Set("headDim", b->head_dim);
+    o.Set("nTokens", b->n_tokens);
+    o.Set("startPos", b->start_pos);
+    char fp[17];
+    snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(b->fingerprint));
+    o.Set("fingerprint", fp);
+    Napi::Int32Array toks = Napi::Int32Array::New(env, b->tokens.size());
+    std::copy(b->tokens.begin(), b->tokens.end(), toks.Data());
+    o.Set("tokens", toks);
+    o.Set("byteSize", double((b->k.size() + b->v.size()) * sizeof(float)));
+    return o;
+  }
+  Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    block_.reset();
+    return info.Env().Undefined();
+  }
+  std::shared_ptr<const KVBlock> block_;
+};
+Napi::FunctionReference BlockWrap::ctor;
+
+// ---------------------------------------------------------------- Context
+
+class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
+ public:
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeContext",
+                                   {
+                                       InstanceMethod("eval", &ContextWrap::Eval),
+                                       InstanceMethod("reset", &ContextWrap::Reset),
+                                       InstanceMethod("truncate", &ContextWrap::Truncate),
+                                       InstanceMethod("cancel", &ContextWrap::Cancel),
+                                       InstanceMethod("setSegments", &ContextWrap::SetSegments),
+                                       InstanceMethod("exportBlock", &ContextWrap::ExportBlock),
+                                       InstanceMethod("dispose", &ContextWrap::Dispose),
+                                       InstanceAccessor("nPast", &ContextWrap::NPast, nullptr),
+                                       InstanceAccessor("maxTokens", &ContextWrap::MaxTokens, nullptr),
+                                       InstanceAccessor("posBase", &ContextWrap::PosBase, nullptr),
+                                   });
+    exports.Set("NativeContext", f);
+  }
+
+  // new NativeContext(model, maxTokens)
+  explicit ContextWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ContextWrap>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 2 || !info[0].IsObject() || !info[1].IsNumber()) throw_type(env, "NativeContext(model, maxTokens)");
+    Napi::Object m = info[0].As<Napi::Object>();
+    if (!m.InstanceOf(ModelWrap::ctor.Value())) throw_type(env, "first argument must be a NativeModel");
+    const double n = info[1].As<Napi::Number>().DoubleValue();
+    if (!(n >= 1 && n <= 1 << 24) || n != double(int(n))) throw Napi::RangeError::New(env, "maxTokens must be an integer in 1..16777216");
+    try {
+      ctx_ = std::make_unique<Context>(ModelWrap::Unwrap(m)->model(env), int(n));
+    } catch (const std::bad_alloc&) {
+      throw Napi::Error::New(env, "out of memory allocating a " + std::to_string(int(n)) + "-token K/V cache");
+    }
+  }
+
+  Context& ctx(Napi::Env env) {
+    if (!ctx_) throw Napi::Error::New(env, "context has been disposed");
+    if (busy_) throw Napi::Error::New(env, "context is busy: await the previous call first");
+    return *ctx_;
+  }
+  void set_busy(bool b) { busy_ = b; }
+
+ private:
+  class EvalWorker : public PromiseWorker {
+   public:
+    EvalWorker(Napi::Env env, ContextWrap* self, std::vector<int32_t> tokens, LogitsMode mode)
+        : PromiseWorker(env), self_(self), tokens_(std::move(tokens)), mode_(mode) {
+      self_->Ref();
+      self_->set_busy(true);
+    }
+    void Run() override {
+      std::lock_guard<std::mutex> lock(g_compute);
+      self_->ctx_->eval(tokens_.data(), int(tokens_.size()), mode_, logits_);
+    }
+    Napi::Value Resolve(Napi::Env env) override {
+      if (mode_ == LogitsMode::None) return env.Null();
+      Napi::Float32Array out = Napi::Float32Array::New(env, logits_.size());
+      std::copy(logits_.begin(), logits_.end(), out.Data());
+      return out;
+    }
+    void Finally() override {
+      self_->set_busy(false);
+      self_->Unref();
+    }
+
+   private:
+    ContextWrap* self_;
+    std::vector<int32_t> tokens_;
+    LogitsMode mode_;
+    std::vector<float> logits_;
+  };
+
+  // eval(tokens: Int32Array, logits: 0 none | 1 last | 2 all) → Promise<Float32Array | null>
+  Napi::Value Eval(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    ctx(env);
+    if (info.Length() < 2 || !info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array || !info[1].IsNumber())
+      throw_type(env, "eval(tokens: Int32Array, logits: 0 | 1 | 2)");
+    Napi::Int32Array t = info[0].As<Napi::Int32Array>();
+    int mode = info[1].As<Napi::Number>().Int32Value();
+    if (mode < 0 || mode > 2) throw_type(env, "logits mode must be 0, 1 or 2");
+    std::vector<int32_t> tokens(t.Data(), t.Data() + t.ElementLength());
+    auto* w = new EvalWorker(env, this, std::move(tokens), LogitsMode(mode));
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+  }
+
+  Napi::Value Reset(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    int pos = 0;
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+      if (!info[0].IsNumber()) throw_type(env, "reset(posBase?: number)");
+      double d = info[0].As<Napi::Number>().DoubleValue();
+      if (d != double(int(d)) || d < -(1 << 24) || d > (1 << 24)) throw Napi::RangeError::New(env, "posBase must be an integer within ±16777216");
+      pos = int(d);
+    }
+    c.reset(pos);
+    return env.Undefined();
+  }
+
+  Napi::Value Truncate(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "truncate(n: number)");
+    try {
+      c.truncate(info[0].As<Napi::Number>().Int32Value());
+    } catch (const dki::Error& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
+    return env.Undefined();
+  }
+
+  // Works while an eval runs (that is its point), so it skips the busy check.
+  Napi::Value Cancel(const Napi::CallbackInfo& info) {
+    if (ctx_) ctx_->cancel();
+    return info.Env().Undefined();
+  }
+
+  // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean }])
+  Napi::Value SetSegments(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (info.Length() < 1 || !info[0].IsArray()) throw_type(env, "setSegments(segments: Array)");
+    Napi::Array arr = info[0].As<Napi::Array>();
+    std::vector<Segment> segs;
+    for (uint32_t i = 0; i < arr.Length(); i++) {
+      if (!arr.Get(i).IsObject()) throw_type(env, "segments must be objects");
+      Napi::Object o = arr.Get(i).As<Napi::Object>();
+      Napi::Value b = o.Get("block");
+      if (!b.IsObject() || !b.As<Napi::Object>().InstanceOf(BlockWrap::ctor.Value())) throw_type(env, "segment.block must be a NativeKVBlock");
+      Segment s;
+      s.block = BlockWrap::Unwrap(b.As<Napi::Object>())->block(env);
+      s.alpha = float(get_number(o, "alpha"));
+      s.logit_scaling = get_bool(o, "logit");
+      segs.push_back(std::move(s));
+    }
+    try {
+      c.set_segments(std::move(segs));
+    } catch (const dki::Error& e) {
+      throw Napi::Error::New(env, e.what());
+    }
+    return env.Undefined();
+  }
+
+  Napi::Value ExportBlock(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) throw_type(env, "exportBlock(from: number, to: number)");
+    try {
+      return BlockWrap::Wrap(c.export_block(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value()));
+    } catch (const dki::Error& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
+  }
+
+  Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    ctx(info.Env());
+    ctx_.reset();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value NPast(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), ctx_ ? ctx_->n_past() : 0); }
+  Napi::Value MaxTokens(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), ctx_ ? ctx_->max_tokens() : 0); }
+  Napi::Value PosBase(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), ctx_ ? ctx_->pos_base() : 0); }
+
+  std::unique_ptr<Context> ctx_;
+  bool busy_ = false;
+};
+
+// ---------------------------------------------------------------- Sampler
+
+class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
+ public:
+  static void Init(Napi::Env env, Napi::Object exports) {
+    exports.Set("NativeSampler", DefineClass(env, "NativeSampler", {InstanceMethod("sample", &SamplerWrap::Sample)}));
+  }
+  // new NativeSampler({ temperature, topK, topP, repetitionPenalty, seed })
+  explicit SamplerWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SamplerWrap>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject()) throw_type(env, "NativeSampler(params)");
+    Napi::Object o = info[0].As<Napi::Object>();
+    SamplingParams p;
+    p.temperature = float(get_number(o, "temperature"));
+    p.top_k = get_int(o, "topK");
+    p.top_p = float(get_number(o, "topP"));
+    p.repetition_penalty = float(get_number(o, "repetitionPenalty"));
+    double seed = get_number(o, "seed");
+    if (seed < 0 || seed != double(uint64_t(seed))) throw_type(env, "seed must be a non-negative integer");
+    p.seed = uint64_t(seed);
+    try {
+      sampler_ = std::make_unique<Sampler>(p);
+    } catch (const dki::Error& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
+  }
+
+ private:
+  // sample(logits: Float32Array, recent: Int32Array) → token id (fast: runs on the calling thread)
+  Napi::Value Sample(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 2 || !info[0].IsTypedArray() || !info[1].IsTypedArray() ||
+        info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        info[1].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+      throw_type(env, "sample(logits: Float32Array, recent: Int32Array)");
+    Napi::Float32Array l = info[0].As<Napi::Float32Array>();
+    Napi::Int32Array r = info[1].As<Napi::Int32Array>();
+    if (l.ElementLength() == 0) throw_type(env, "logits are empty");
+    return Napi::Number::New(env, sampler_->sample(l.Data(), int(l.ElementLength()), r.Data(), int(r.ElementLength())));
+  }
+  std::unique_ptr<Sampler> sampler_;
+};
+
+// ---------------------------------------------------------------- engine settings
+
+Napi::Value SetThreads(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setThreads(n: number)");
+  int n = info[0].As<Napi::Number>().Int32Value();
+  if (n < 0 || n > 1024) throw Napi::RangeError::New(env, "thread count must be 0 (all cores) .. 1024");
+  std::lock_guard<std::mutex> lock(g_compute);
+  set_thread_count(n);
+  return env.Undefined();
+}
+
+Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), thread_pool().size()); }
+
+Napi::Value SetSimd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "setSimd(name: string)");
+  std::lock_guard<std::mutex> lock(g_compute);
+  try {
+    set_simd(info[0].As<Napi::String>().Utf8Value());
+  } catch (const dki::Error& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  return env.Undefined();
+}
+
+Napi::Value Simd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  try {
+    o.Set("active", kernels().name);
+  } catch (const dki::Error& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  auto names = available_simd();
+  Napi::Array a = Napi::Array::New(env, names.size());
+  for (size_t i = 0; i < names.size(); i++) a.Set(uint32_t(i), names[i]);
+  o.Set("available", a);
+  return o;
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  ModelWrap::Init(env, exports);
+  BlockWrap::Init(env, exports);
+  ContextWrap::Init(env, exports);
+  SamplerWrap::Init(env, exports);
+  exports.Set("loadModel", Napi::Function::New(env, LoadModel));
+  exports.Set("setThreads", Napi::Function::New(env, SetThreads));
+  exports.Set("getThreads", Napi::Function::New(env, GetThreads));
+  exports.Set("setSimd", Napi::Function::New(env, SetSimd));
+  exports.Set("simd", Napi::Function::New(env, Simd));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(dki_native, Init)

@@ -1,0 +1,62 @@
+// An inference context: one sequence's own K/V cache plus the segments injected into it.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "kv_block.h"
+#include "model.h"
+
+namespace dki {
+
+enum class LogitsMode { None = 0, Last = 1, All = 2 };
+
+class Context {
+ public:
+  Context(std::shared_ptr<const Model> model, int max_tokens);
+
+  const Model& model() const { return *model_; }
+  int n_past() const { return n_past_; }
+  int max_tokens() const { return max_tokens_; }
+  int pos_base() const { return pos_base_; }
+
+  // Forget the own tokens; the next token sits at position pos_base.
+  void reset(int pos_base);
+  // Keep only the first n own tokens (rewind after a rejected continuation).
+  void truncate(int n);
+  void set_segments(std::vector<Segment> segments);
+  const std::vector<Segment>& segments() const { return segments_; }
+
+  // Runs tokens through the model after the n_past already cached, appending their K/V.
+  // logits receives nothing, the last row, or every row ([n, vocab]).
+  void eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<float>& logits);
+
+  // Copies own tokens [from, to) out as a block (keys stay rotated at their positions).
+  std::shared_ptr<KVBlock> export_block(int from, int to) const;
+
+  // Asks a running eval to stop at the next chunk boundary (it then throws "cancelled").
+  void cancel() { cancel_.store(true); }
+
+ private:
+  void eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits);
+  void attention(int layer, int T);
+
+  std::shared_ptr<const Model> model_;
+  int max_tokens_;
+  int n_past_ = 0;
+  int pos_base_ = 0;
+  std::vector<Segment> segments_;
+  std::atomic<bool> cancel_{false};
+  std::vector<int32_t> tokens_;  // own tokens, for export_block
+
+  // Own K/V: [layer][kv_head][max_tokens][head_dim]
+  std::vector<float> k_cache_, v_cache_;
+
+  // Scratch for one chunk of T tokens.
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, cos_, sin_;
+};
+
+// Largest number of tokens processed in one pass; longer inputs are split.
+constexpr int kMaxChunk = 256;
+
+}  // namespace dki

@@ -1,0 +1,281 @@
+// The forward pass of a Llama-family decoder, llama2.c style: one function per stage, explicit
+// shapes. T = tokens in this chunk, D = hidden size, H/Hkv = query/KV heads, hd = head dim,
+// F = MLP width, V = vocab, S = positions attended (segments + cached + current).
+#include <algorithm>
+#include <cmath>
+
+#include "context.h"
+#include "kernels/kernels.h"
+#include "threadpool.h"
+
+namespace dki {
+
+namespace {
+
+// y[T, W.rows] = x[T, W.cols] · Wᵀ, rows split over the thread pool.
+void linear(const Matrix& W, const float* x, int T, float* y) {
+  thread_pool().parallel_for(W.rows, 16, [&](int r0, int r1) {
+    kernels().matmul(W.data, W.dtype, W.cols, r0, r1, x, W.cols, T, y, W.rows);
+  });
+}
+
+void add_bias(float* y, const std::vector<float>& b, int T) {
+  if (b.empty()) return;
+  const int n = int(b.size());
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < n; i++) y[size_t(t) * n + i] += b[i];
+}
+
+// out[t] = x[t] / sqrt(mean(x[t]²) + eps) * w
+void rmsnorm(const float* x, const std::vector<float>& w, float eps, int T, int D, float* out) {
+  for (int t = 0; t < T; t++) {
+    const float* xt = x + size_t(t) * D;
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += double(xt[i]) * xt[i];
+    const float inv = float(1.0 / std::sqrt(ss / D + eps));
+    float* ot = out + size_t(t) * D;
+    for (int i = 0; i < D; i++) ot[i] = xt[i] * inv * w[i];
+  }
+}
+
+// Rotate-half rotary embedding (the Hugging Face convention): dimension i pairs with i + hd/2.
+void rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin) {
+  const int half = hd / 2;
+  for (int t = 0; t < T; t++) {
+    const float* c = cos + size_t(t) * half;
+    const float* s = sin + size_t(t) * half;
+    for (int h = 0; h < n_heads; h++) {
+      float* v = x + (size_t(t) * n_heads + h) * hd;
+      for (int i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Context::Context(std::shared_ptr<const Model> model, int max_tokens) : model_(std::move(model)), max_tokens_(max_tokens) {
+  if (max_tokens < 1) throw Error("context size must be at least 1 token");
+  const ModelConfig& c = model_->config();
+  const size_t cache = size_t(c.n_layers) * c.n_kv_heads * max_tokens * c.head_dim;
+  k_cache_.assign(cache, 0.f);
+  v_cache_.assign(cache, 0.f);
+}
+
+void Context::reset(int pos_base) {
+  n_past_ = 0;
+  pos_base_ = pos_base;
+  tokens_.clear();
+}
+
+void Context::truncate(int n) {
+  if (n < 0 || n > n_past_) throw Error("truncate(" + std::to_string(n) + ") outside the " + std::to_string(n_past_) + " cached tokens");
+  n_past_ = n;
+  tokens_.resize(n);
+}
+
+void Context::set_segments(std::vector<Segment> segments) {
+  const ModelConfig& c = model_->config();
+  for (const auto& s : segments) {
+    const KVBlock& b = *s.block;
+    if (b.fingerprint != model_->fingerprint()) throw Error("K/V block was computed by another model (fingerprint mismatch)");
+    if (b.n_layers != c.n_layers || b.n_kv_heads != c.n_kv_heads || b.head_dim != c.head_dim)
+      throw Error("K/V block shape does not match this model");
+    if (!(s.alpha > 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a positive finite number");
+  }
+  segments_ = std::move(segments);
+}
+
+void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<float>& logits) {
+  const ModelConfig& c = model_->config();
+  if (n <= 0) throw Error("eval needs at least one token");
+  if (n_past_ + n > max_tokens_)
+    throw Error("context is full: " + std::to_string(n_past_) + " cached + " + std::to_string(n) + " new tokens exceed its " +
+                std::to_string(max_tokens_) + "-token window");
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) + " is outside the vocabulary (0.." +
+                  std::to_string(c.vocab_size - 1) + ")");
+  cancel_.store(false);
+  const size_t V = c.vocab_size;
+  logits.assign(mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? V : V * n, 0.f);
+  for (int done = 0; done < n;) {
+    if (cancel_.load()) throw Error("cancelled");
+    const int T = std::min(kMaxChunk, n - done);
+    const bool last_chunk = done + T == n;
+    float* out = nullptr;
+    LogitsMode chunk_mode = LogitsMode::None;
+    if (mode == LogitsMode::All) {
+      out = logits.data() + done * V;
+      chunk_mode = LogitsMode::All;
+    } else if (mode == LogitsMode::Last && last_chunk) {
+      out = logits.data();
+      chunk_mode = LogitsMode::Last;
+    }
+    eval_chunk(tokens + done, T, chunk_mode, out);
+    done += T;
+  }
+}
+
+void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits) {
+  const Model& m = *model_;
+  const ModelConfig& c = m.config();
+  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  const int q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd, half = hd / 2;
+  x_.resize(size_t(T) * D);
+  xn_.resize(size_t(T) * D);
+  q_.resize(size_t(T) * q_dim);
+  k_.resize(size_t(T) * kv_dim);
+  v_.resize(size_t(T) * kv_dim);
+  attn_.resize(size_t(T) * q_dim);
+  gate_.resize(size_t(T) * F);
+  up_.resize(size_t(T) * F);
+  cos_.resize(size_t(T) * half);
+  sin_.resize(size_t(T) * half);
+
+  // Embedding lookup: x[t] = E[token t]
+  const Matrix& E = m.embeddings();
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < D; i++) x_[size_t(t) * D + i] = load_as_f32(E.data, E.dtype, size_t(tokens[t]) * D + i);
+
+  // Rotation angles of this chunk's positions, computed in double then rounded once.
+  const auto& inv_freq = m.inv_freq();
+  for (int t = 0; t < T; t++) {
+    const double pos = double(pos_base_ + n_past_ + t);
+    for (int i = 0; i < half; i++) {
+      cos_[size_t(t) * half + i] = float(std::cos(pos * inv_freq[i]));
+      sin_[size_t(t) * half + i] = float(std::sin(pos * inv_freq[i]));
+    }
+  }
+
+  for (int l = 0; l < c.n_layers; l++) {
+    const LayerWeights& L = m.layers()[l];
+    // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
+    rmsnorm(x_.data(), L.attn_norm, c.rms_norm_eps, T, D, xn_.data());
+    linear(L.wq, xn_.data(), T, q_.data());
+    linear(L.wk, xn_.data(), T, k_.data());
+    linear(L.wv, xn_.data(), T, v_.data());
+    add_bias(q_.data(), L.bq, T);
+    add_bias(k_.data(), L.bk, T);
+    add_bias(v_.data(), L.bv, T);
+    rope(q_.data(), T, c.n_heads, hd, cos_.data(), sin_.data());
+    rope(k_.data(), T, c.n_kv_heads, hd, cos_.data(), sin_.data());
+    // Append this chunk's K/V to the cache ([T, Hkv, hd] → [Hkv, pos, hd]).
+    for (int t = 0; t < T; t++) {
+      for (int h = 0; h < c.n_kv_heads; h++) {
+        const size_t dst = ((size_t(l) * c.n_kv_heads + h) * max_tokens_ + n_past_ + t) * hd;
+        std::copy_n(&k_[(size_t(t) * c.n_kv_heads + h) * hd], hd, &k_cache_[dst]);
+        std::copy_n(&v_[(size_t(t) * c.n_kv_heads + h) * hd], hd, &v_cache_[dst]);
+      }
+    }
+    attention(l, T);
+    linear(L.wo, attn_.data(), T, xn_.data());
+    for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
+
+    // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
+    rmsnorm(x_.data(), L.ffn_norm, c.rms_norm_eps, T, D, xn_.data());
+    linear(L.w_gate, xn_.data(), T, gate_.data());
+    linear(L.w_up, xn_.data(), T, up_.data());
+    for (size_t i = 0; i < size_t(T) * F; i++) {
+      const float g = gate_[i];
+      gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
+    }
+    linear(L.w_down, gate_.data(), T, xn_.data());
+    for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
+  }
+  tokens_.insert(tokens_.end(), tokens, tokens + T);
+  n_past_ += T;
+
+  if (mode == LogitsMode::None) return;
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  const int first = mode == LogitsMode::Last ? T - 1 : 0;
+  const int rows = T - first;
+  rmsnorm(x_.data() + size_t(first) * D, m.final_norm(), c.rms_norm_eps, rows, D, xn_.data());
+  linear(m.lm_head(), xn_.data(), rows, logits);
+}
+
+// Causal grouped-query attention of the chunk's T queries over
+// [segment tokens ; cached tokens ; chunk tokens up to and including itself].
+void Context::attention(int l, int T) {
+  const ModelConfig& c = model_->config();
+  const int hd = c.head_dim, H = c.n_heads, group = c.n_heads / c.n_kv_heads;
+  const float scale = 1.f / std::sqrt(float(hd));
+  const int past = n_past_;
+  int n_seg_tokens = 0;
+  for (const auto& s : segments_) n_seg_tokens += s.block->n_tokens;
+  const int max_s = n_seg_tokens + past + T;
+
+  thread_pool().parallel_for(H * T, 1, [&](int begin, int end) {
+    const Kernels& K = kernels();
+    thread_local std::vector<float> scores;
+    scores.resize(max_s);
+    for (int item = begin; item < end; item++) {
+      const int h = item % H, t = item / H, kvh = h / group;
+      const float* q = &q_[(size_t(t) * H + h) * hd];
+      float* out = &attn_[(size_t(t) * H + h) * hd];
+      // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
+      int j = 0;
+      for (const auto& s : segments_) {
+        const KVBlock& b = *s.block;
+        const float* kb = b.k_layer(l) + size_t(kvh) * b.n_tokens * hd;
+        const float bias = s.logit_scaling ? std::log(s.alpha) : 0.f;
+        for (int i = 0; i < b.n_tokens; i++) scores[j++] = K.dot(q, kb + size_t(i) * hd, hd) * scale + bias;
+      }
+      const float* kc = &k_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
+      const int own = past + t + 1;
+      for (int i = 0; i < own; i++) scores[j++] = K.dot(q, kc + size_t(i) * hd, hd) * scale;
+      const int S = j;
+      // Softmax over all S columns.
+      float mx = -INFINITY;
+      for (int i = 0; i < S; i++) mx = std::max(mx, scores[i]);
+      double sum = 0;
+      for (int i = 0; i < S; i++) {
+        scores[i] = std::exp(scores[i] - mx);
+        sum += scores[i];
+      }
+      const float inv = float(1.0 / sum);
+      // Weighted values; value-scaled segments contribute alpha·V.
+      std::fill(out, out + hd, 0.f);
+      j = 0;
+      for (const auto& s : segments_) {
+        const KVBlock& b = *s.block;
+        const float* vb = b.v_layer(l) + size_t(kvh) * b.n_tokens * hd;
+        const float w = (s.logit_scaling ? 1.f : s.alpha) * inv;
+        for (int i = 0; i < b.n_tokens; i++) K.axpy(scores[j++] * w, vb + size_t(i) * hd, out, hd);
+      }
+      const float* vc = &v_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
+      for (int i = 0; i < own; i++) K.axpy(scores[j++] * inv, vc + size_t(i) * hd, out, hd);
+    }
+  });
+}
+
+std::shared_ptr<KVBlock> Context::export_block(int from, int to) const {
+  if (from < 0 || to > n_past_ || from >= to)
+    throw Error("block range [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the " + std::to_string(n_past_) +
+                " cached tokens");
+  const ModelConfig& c = model_->config();
+  auto b = std::make_shared<KVBlock>();
+  b->n_layers = c.n_layers;
+  b->n_kv_heads = c.n_kv_heads;
+  b->head_dim = c.head_dim;
+  b->n_tokens = to - from;
+  b->start_pos = pos_base_ + from;
+  b->fingerprint = model_->fingerprint();
+  b->tokens.assign(tokens_.begin() + from, tokens_.begin() + to);
+  b->k.resize(size_t(c.n_layers) * b->layer_stride());
+  b->v.resize(b->k.size());
+  const int hd = c.head_dim;
+  for (int l = 0; l < c.n_layers; l++)
+    for (int h = 0; h < c.n_kv_heads; h++) {
+      const size_t src = ((size_t(l) * c.n_kv_heads + h) * max_tokens_ + from) * hd;
+      const size_t dst = (size_t(l) * c.n_kv_heads + h) * size_t(b->n_tokens) * hd;
+      std::copy_n(&k_cache_[src], size_t(b->n_tokens) * hd, &b->k[dst]);
+      std::copy_n(&v_cache_[src], size_t(b->n_tokens) * hd, &b->v[dst]);
+    }
+  return b;
+}
+
+}  // namespace dki

@@ -1,0 +1,32 @@
+// The hot loops of the engine, one table per instruction set. The table is chosen at run time
+// (never by -march at build time) so one binary runs on every x86-64 CPU; DKI_SIMD or
+// setSimd() forces a path so tests can exercise each one a machine supports.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace dki {
+
+struct Kernels {
+  const char* name;
+  // y[t*ldy + r] = sum_i W[r*in + i] * x[t*ldx + i] for rows r in [r0, r1) and tokens t in [0, T).
+  // W is row-major [rows, in] in dtype wt (the Hugging Face Linear layout); x and y are fp32.
+  void (*matmul)(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy);
+  float (*dot)(const float* a, const float* b, int n);
+  // y += a * x
+  void (*axpy)(float a, const float* x, float* y, int n);
+};
+
+const Kernels& kernels_scalar();
+const Kernels& kernels_avx2();  // AVX2 + FMA + F16C
+
+// The active table.
+const Kernels& kernels();
+// Selects a path by name ("auto", "scalar", "avx2"); throws if the CPU cannot run it.
+void set_simd(const std::string& name);
+// Names of the paths this CPU can run, best last.
+std::vector<std::string> available_simd();
+
+}  // namespace dki

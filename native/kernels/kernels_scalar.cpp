@@ -1,0 +1,47 @@
+// Portable kernels: plain loops the compiler may vectorise with the baseline instruction set.
+#include "kernels.h"
+
+namespace dki {
+namespace {
+
+inline void convert_row(const void* W, DType wt, size_t offset, int n, float* out) {
+  for (int i = 0; i < n; i++) out[i] = load_as_f32(W, wt, offset + i);
+}
+
+void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
+  std::vector<float> row(in);
+  for (int r = r0; r < r1; r++) {
+    const float* w;
+    if (wt == DType::F32) {
+      w = static_cast<const float*>(W) + size_t(r) * in;
+    } else {
+      convert_row(W, wt, size_t(r) * in, in, row.data());
+      w = row.data();
+    }
+    for (int t = 0; t < T; t++) {
+      const float* xt = x + size_t(t) * ldx;
+      float acc = 0.f;
+      for (int i = 0; i < in; i++) acc += w[i] * xt[i];
+      y[size_t(t) * ldy + r] = acc;
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int n) {
+  float acc = 0.f;
+  for (int i = 0; i < n; i++) acc += a[i] * b[i];
+  return acc;
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+}  // namespace
+
+const Kernels& kernels_scalar() {
+  static const Kernels k{"scalar", matmul, dot, axpy};
+  return k;
+}
+
+}  // namespace dki

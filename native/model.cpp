@@ -1,0 +1,168 @@
+#include "model.h"
+
+#include <cmath>
+#include <map>
+
+namespace dki {
+
+namespace {
+
+void check_config(const ModelConfig& c) {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) throw Error(std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.hidden_size, "hidden_size");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.n_layers, "num_hidden_layers");
+  positive(c.n_heads, "num_attention_heads");
+  positive(c.n_kv_heads, "num_key_value_heads");
+  positive(c.head_dim, "head_dim");
+  if (c.n_heads % c.n_kv_heads != 0) throw Error("model config: num_attention_heads is not a multiple of num_key_value_heads");
+  if (c.head_dim % 2 != 0) throw Error("model config: head_dim must be even for rotary embeddings");
+  if (!(c.rope_theta > 0)) throw Error("model config: rope_theta must be positive");
+  if (!(c.rms_norm_eps > 0)) throw Error("model config: rms_norm_eps must be positive");
+}
+
+// FNV-1a over 64-bit words: fast enough to fingerprint samples of every tensor at load time.
+struct Hasher {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  template <typename T>
+  void value(const T& v) { bytes(&v, sizeof v); }
+};
+
+}  // namespace
+
+const TensorSpec& Model::find(const std::string& name) const {
+  for (const auto& t : specs_)
+    if (t.name == name) return t;
+  throw Error("tensor \"" + name + "\" is missing");
+}
+
+const unsigned char* Model::checked_data(const TensorSpec& t, const std::vector<int64_t>& shape) {
+  if (t.shape != shape) {
+    std::string got, want;
+    for (auto d : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    for (auto d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    throw Error(t.file + ": tensor \"" + t.name + "\" has shape [" + got + "], expected [" + want + "]");
+  }
+  uint64_t elements = 1;
+  for (auto d : shape) elements *= uint64_t(d);
+  if (t.nbytes != elements * dtype_size(t.dtype))
+    throw Error(t.file + ": tensor \"" + t.name + "\" has " + std::to_string(t.nbytes) + " bytes, its shape and dtype need " +
+                std::to_string(elements * dtype_size(t.dtype)));
+  const MappedFile* file = nullptr;
+  for (const auto& f : files_)
+    if (f->path() == t.file) file = f.get();
+  if (!file) throw Error("internal: file " + t.file + " not mapped");
+  if (t.offset > file->size() || t.nbytes > file->size() - t.offset)
+    throw Error(t.file + ": tensor \"" + t.name + "\" at bytes " + std::to_string(t.offset) + "+" + std::to_string(t.nbytes) +
+                " runs past the end of the " + std::to_string(file->size()) + "-byte file");
+  if (t.dtype != DType::F32 ? (t.offset % 2 != 0) : (t.offset % 4 != 0))
+    throw Error(t.file + ": tensor \"" + t.name + "\" data is not aligned to its element size");
+  param_count_ += elements;
+  weight_bytes_ += t.nbytes;
+  return file->data() + t.offset;
+}
+
+Matrix Model::matrix(const std::string& name, int rows, int cols) {
+  const TensorSpec& t = find(name);
+  Matrix m;
+  m.data = checked_data(t, {rows, cols});
+  m.dtype = t.dtype;
+  m.rows = rows;
+  m.cols = cols;
+  return m;
+}
+
+std::vector<float> Model::vector_f32(const std::string& name, int n) {
+  const TensorSpec& t = find(name);
+  const unsigned char* p = checked_data(t, {n});
+  std::vector<float> out(n);
+  for (int i = 0; i < n; i++) out[i] = load_as_f32(p, t.dtype, i);
+  return out;
+}
+
+Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors) : cfg_(cfg), specs_(tensors) {
+  check_config(cfg_);
+  std::map<std::string, bool> opened;
+  for (const auto& t : specs_) {
+    if (!opened[t.file]) {
+      files_.push_back(std::make_unique<MappedFile>(t.file));
+      opened[t.file] = true;
+    }
+  }
+  const int D = cfg_.hidden_size, F = cfg_.intermediate_size;
+  const int q_dim = cfg_.n_heads * cfg_.head_dim, kv_dim = cfg_.n_kv_heads * cfg_.head_dim;
+  embed_ = matrix("model.embed_tokens.weight", cfg_.vocab_size, D);
+  layers_.resize(cfg_.n_layers);
+  for (int l = 0; l < cfg_.n_layers; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& L = layers_[l];
+    L.attn_norm = vector_f32(p + "input_layernorm.weight", D);
+    L.ffn_norm = vector_f32(p + "post_attention_layernorm.weight", D);
+    L.wq = matrix(p + "self_attn.q_proj.weight", q_dim, D);
+    L.wk = matrix(p + "self_attn.k_proj.weight", kv_dim, D);
+    L.wv = matrix(p + "self_attn.v_proj.weight", kv_dim, D);
+    L.wo = matrix(p + "self_attn.o_proj.weight", D, q_dim);
+    if (cfg_.attention_bias) {
+      L.bq = vector_f32(p + "self_attn.q_proj.bias", q_dim);
+      L.bk = vector_f32(p + "self_attn.k_proj.bias", kv_dim);
+      L.bv = vector_f32(p + "self_attn.v_proj.bias", kv_dim);
+    }
+    L.w_gate = matrix(p + "mlp.gate_proj.weight", F, D);
+    L.w_up = matrix(p + "mlp.up_proj.weight", F, D);
+    L.w_down = matrix(p + "mlp.down_proj.weight", D, F);
+  }
+  final_norm_ = vector_f32("model.norm.weight", D);
+  if (!cfg_.tie_word_embeddings) lm_head_ = matrix("lm_head.weight", cfg_.vocab_size, D);
+
+  // Rotary frequencies, with the llama3 long-context adjustment when configured
+  // (transformers' _compute_llama3_parameters).
+  const int half = cfg_.head_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; i++) {
+    double f = 1.0 / std::pow(cfg_.rope_theta, double(2 * i) / cfg_.head_dim);
+    if (cfg_.rope_factor > 0) {
+      const double low_wavelen = cfg_.rope_original_max_pos / cfg_.rope_low_freq_factor;
+      const double high_wavelen = cfg_.rope_original_max_pos / cfg_.rope_high_freq_factor;
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f = f / cfg_.rope_factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (cfg_.rope_original_max_pos / wavelen - cfg_.rope_low_freq_factor) /
+                              (cfg_.rope_high_freq_factor - cfg_.rope_low_freq_factor);
+        f = (1 - smooth) * f / cfg_.rope_factor + smooth * f;
+      }
+    }
+    inv_freq_[i] = f;
+  }
+
+  // Fingerprint: the config plus, for every tensor, its name, dtype, shape and up to 4 KiB
+  // sampled from its start, middle and end. Any retrained or re-quantised weights change it.
+  Hasher h;
+  h.value(cfg_.vocab_size); h.value(cfg_.hidden_size); h.value(cfg_.intermediate_size); h.value(cfg_.n_layers);
+  h.value(cfg_.n_heads); h.value(cfg_.n_kv_heads); h.value(cfg_.head_dim); h.value(cfg_.rope_theta);
+  h.value(cfg_.rope_factor); h.value(cfg_.rms_norm_eps); h.value(cfg_.tie_word_embeddings); h.value(cfg_.attention_bias);
+  for (const auto& t : specs_) {
+    h.bytes(t.name.data(), t.name.size());
+    h.value(int(t.dtype));
+    for (auto d : t.shape) h.value(d);
+    const MappedFile* file = nullptr;
+    for (const auto& f : files_)
+      if (f->path() == t.file) file = f.get();
+    if (!file || t.offset > file->size() || t.nbytes > file->size() - t.offset) continue;
+    const unsigned char* base = file->data() + t.offset;
+    const uint64_t chunk = t.nbytes < 1365 ? t.nbytes : 1365;
+    h.bytes(base, chunk);
+    h.bytes(base + (t.nbytes - chunk) / 2, chunk);
+    h.bytes(base + t.nbytes - chunk, chunk);
+  }
+  fingerprint_ = h.h;
+}
+
+}  // namespace dki

@@ -1,0 +1,89 @@
+// A Llama-family decoder's configuration and weights. Weights stay in the memory-mapped files
+// (F32/F16/BF16, row-major [out, in] as Hugging Face stores them); only the small 1-D tensors
+// (norms, biases) are copied to fp32.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "mapped_file.h"
+
+namespace dki {
+
+struct ModelConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  float rms_norm_eps = 1e-5f;
+  double rope_theta = 10000.0;
+  // llama3 rope scaling; factor 0 = none
+  double rope_factor = 0.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0, rope_original_max_pos = 8192.0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+};
+
+// Where one tensor lives, as the loader (TypeScript) read it from the file header. Every field
+// is checked again here against the mapped file before use.
+struct TensorSpec {
+  std::string name;
+  std::string file;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+};
+
+struct Matrix {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int rows = 0, cols = 0;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> bq, bk, bv;  // empty without attention bias
+  Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const Matrix& embeddings() const { return embed_; }
+  const Matrix& lm_head() const { return cfg_.tie_word_embeddings ? embed_ : lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  // Rotary inverse frequencies, headDim/2 of them (llama3 scaling already applied).
+  const std::vector<double>& inv_freq() const { return inv_freq_; }
+
+  // Identifies the weights: K/V blocks computed by another model are refused.
+  uint64_t fingerprint() const { return fingerprint_; }
+  uint64_t param_count() const { return param_count_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  const TensorSpec& find(const std::string& name) const;
+  Matrix matrix(const std::string& name, int rows, int cols);
+  std::vector<float> vector_f32(const std::string& name, int n);
+  const unsigned char* checked_data(const TensorSpec& t, const std::vector<int64_t>& shape);
+
+  ModelConfig cfg_;
+  std::vector<TensorSpec> specs_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<LayerWeights> layers_;
+  Matrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<double> inv_freq_;
+  uint64_t fingerprint_ = 0;
+  uint64_t param_count_ = 0;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace dki

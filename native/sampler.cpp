@@ -1,0 +1,91 @@
+#include "sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "common.h"
+
+namespace dki {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& p) : p_(p) {
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) throw Error("temperature must be a finite number >= 0");
+  if (p.top_k < 0) throw Error("top_k must be >= 0");
+  if (!(p.top_p > 0 && p.top_p <= 1)) throw Error("top_p must be in (0, 1]");
+  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty)) throw Error("repetition_penalty must be a positive number");
+  uint64_t s = p.seed;
+  for (auto& x : state_) x = splitmix64(s);
+}
+
+// xoshiro256** → 53-bit double
+double Sampler::uniform() {
+  const uint64_t result = rotl(state_[1] * 5, 7) * 9;
+  const uint64_t t = state_[1] << 17;
+  state_[2] ^= state_[0];
+  state_[3] ^= state_[1];
+  state_[1] ^= state_[2];
+  state_[0] ^= state_[3];
+  state_[2] ^= t;
+  state_[3] = rotl(state_[3], 45);
+  return double(result >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int Sampler::sample(const float* logits, int vocab, const int32_t* recent, int n_recent) {
+  work_.assign(logits, logits + vocab);
+  if (p_.repetition_penalty != 1.f) {
+    for (int i = 0; i < n_recent; i++) {
+      const int id = recent[i];
+      if (id < 0 || id >= vocab) continue;
+      float& l = work_[id];
+      // Penalise each distinct token once, even if it occurred many times.
+      if (std::find(recent, recent + i, id) != recent + i) continue;
+      l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
+    }
+  }
+  if (p_.temperature == 0.f) return int(std::max_element(work_.begin(), work_.end()) - work_.begin());
+
+  // Candidates sorted by logit, best first. Only as many are sorted as top-k/top-p can keep:
+  // the prefix is grown until it holds the top-p mass, which keeps this fast on large vocabularies.
+  order_.resize(vocab);
+  std::iota(order_.begin(), order_.end(), 0);
+  const int k_limit = p_.top_k > 0 ? std::min(p_.top_k, vocab) : vocab;
+  const float mx = *std::max_element(work_.begin(), work_.end());
+  double total = 0;
+  for (int i = 0; i < vocab; i++) total += std::exp(double(work_[i] - mx) / p_.temperature);
+  auto by_logit = [&](int a, int b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
+  int sorted = std::min(k_limit, 64);
+  int keep = 0;
+  for (;;) {
+    std::partial_sort(order_.begin(), order_.begin() + sorted, order_.end(), by_logit);
+    double mass = 0;
+    keep = 0;
+    while (keep < sorted) {
+      mass += std::exp(double(work_[order_[keep]] - mx) / p_.temperature) / total;
+      keep++;
+      if (mass >= p_.top_p) break;
+    }
+    if (mass >= p_.top_p || sorted == k_limit) break;
+    sorted = std::min(k_limit, sorted * 4);
+  }
+  double kept_mass = 0;
+  for (int i = 0; i < keep; i++) kept_mass += std::exp(double(work_[order_[i]] - mx) / p_.temperature);
+  double r = uniform() * kept_mass;
+  for (int i = 0; i < keep; i++) {
+    r -= std::exp(double(work_[order_[i]] - mx) / p_.temperature);
+    if (r < 0) return order_[i];
+  }
+  return order_[keep - 1];
+}
+
+}  // namespace dki

@@ -1,0 +1,121 @@
+// Loads the compiled addon and describes its surface. The addon is deliberately thin: these
+// types are the whole contract between TypeScript and C++.
+import { existsSync, readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export interface NativeConfig {
+  vocabSize: number;
+  hiddenSize: number;
+  intermediateSize: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  tieWordEmbeddings: boolean;
+  attentionBias: boolean;
+  ropeScaling: { factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number } | null;
+}
+
+export interface NativeTensorSpec {
+  name: string;
+  file: string;
+  dtype: string;
+  shape: number[];
+  offset: number;
+  nbytes: number;
+}
+
+export interface NativeModelHandle {
+  info(): { fingerprint: string; paramCount: number; weightBytes: number };
+  dispose(): void;
+}
+
+export interface NativeKVBlockInfo {
+  nLayers: number;
+  nKvHeads: number;
+  headDim: number;
+  nTokens: number;
+  startPos: number;
+  fingerprint: string;
+  tokens: Int32Array;
+  byteSize: number;
+}
+
+export interface NativeKVBlockHandle {
+  info(): NativeKVBlockInfo;
+  dispose(): void;
+}
+
+export interface NativeSegment {
+  block: NativeKVBlockHandle;
+  alpha: number;
+  logit: boolean;
+}
+
+/** Which logits eval returns: none, the last row, or every row. */
+export const LogitsMode = { None: 0, Last: 1, All: 2 } as const;
+export type LogitsMode = (typeof LogitsMode)[keyof typeof LogitsMode];
+
+export interface NativeContextHandle {
+  eval(tokens: Int32Array, mode: LogitsMode): Promise<Float32Array | null>;
+  reset(posBase?: number): void;
+  truncate(n: number): void;
+  cancel(): void;
+  setSegments(segments: NativeSegment[]): void;
+  exportBlock(from: number, to: number): NativeKVBlockHandle;
+  dispose(): void;
+  readonly nPast: number;
+  readonly maxTokens: number;
+  readonly posBase: number;
+}
+
+export interface NativeSamplingParams {
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  seed: number;
+}
+
+export interface NativeSamplerHandle {
+  sample(logits: Float32Array, recent: Int32Array): number;
+}
+
+export interface NativeAddon {
+  loadModel(spec: { config: NativeConfig; tensors: NativeTensorSpec[] }): Promise<NativeModelHandle>;
+  NativeContext: new (model: NativeModelHandle, maxTokens: number) => NativeContextHandle;
+  NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
+  setThreads(n: number): void;
+  getThreads(): number;
+  setSimd(name: string): void;
+  simd(): { active: string; available: string[] };
+}
+
+/** The package root: the nearest folder above this file whose package.json is dki-engine's. */
+export function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    const pj = join(dir, "package.json");
+    if (existsSync(pj) && (JSON.parse(readFileSync(pj, "utf8")) as { name?: string }).name === "dki-engine") return dir;
+    const up = dirname(dir);
+    if (up === dir) throw new Error("cannot find the dki-engine package root");
+    dir = up;
+  }
+}
+
+let addon: NativeAddon | undefined;
+
+export function native(): NativeAddon {
+  if (addon) return addon;
+  const root = packageRoot();
+  // node-gyp and cmake-js both put the addon under build/Release.
+  const candidates = [join(root, "build", "Release", "dki_native.node"), join(root, "build", "Debug", "dki_native.node")];
+  const file = candidates.find((f) => existsSync(f));
+  if (!file) throw new Error(`the native addon is not built (looked for ${candidates.join(", ")}): run \`npm install\` or \`npm run build\``);
+  addon = createRequire(import.meta.url)(file) as NativeAddon;
+  return addon;
+}
