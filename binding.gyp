@@ -11,7 +11,8 @@
         "native/kernels/dispatch.cpp",
         "native/kernels/kernels_scalar.cpp",
         "native/kernels/kernels_avx2.cpp",
-        "native/sampler.cpp"
+        "native/sampler.cpp",
+        "native/kv_ops.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")", "native"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],

@@ -3,11 +3,13 @@
 // Heavy calls run on libuv worker threads and return Promises.
 #include <napi.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 
 #include "context.h"
 #include "kernels/kernels.h"
+#include "kv_ops.h"
 #include "model.h"
 #include "sampler.h"
 #include "threadpool.h"
@@ -198,7 +200,10 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
     Napi::Function f = DefineClass(env, "NativeKVBlock",
-                                   {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose)});
+                                   {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose),
+                                    InstanceMethod("scaleValues", &BlockWrap::ScaleValues), InstanceMethod("slice", &BlockWrap::Slice),
+                                    InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes),
+                                    InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values)});
     ctor = Napi::Persistent(f);
     exports.Set("NativeKVBlock", f);
   }
@@ -236,9 +241,157 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     block_.reset();
     return info.Env().Undefined();
   }
+
+ public:
+  // scaleValues(alpha) → Promise<NativeKVBlock>
+  Napi::Value ScaleValues(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(info.Env(), "scaleValues(alpha: number)");
+    const float alpha = info[0].As<Napi::Number>().FloatValue();
+    return RunBlockOp(info.Env(), [b, alpha] { return scale_values(*b, alpha); });
+  }
+  // slice(from, to) → Promise<NativeKVBlock>
+  Napi::Value Slice(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) throw_type(info.Env(), "slice(from: number, to: number)");
+    const int from = info[0].As<Napi::Number>().Int32Value(), to = info[1].As<Napi::Number>().Int32Value();
+    return RunBlockOp(info.Env(), [b, from, to] { return slice_block(*b, from, to); });
+  }
+  // serialize(storage: "f32" | "f16" | "bf16" | "int8") → Promise<Buffer>
+  Napi::Value Serialize(const Napi::CallbackInfo& info);
+  Napi::Value StorageBytes(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    if (info.Length() < 1 || !info[0].IsString()) throw_type(info.Env(), "storageBytes(storage: string)");
+    try {
+      return Napi::Number::New(info.Env(), double(storage_bytes(*b, parse_storage(info[0].As<Napi::String>()))));
+    } catch (const dki::Error& e) {
+      throw Napi::Error::New(info.Env(), e.what());
+    }
+  }
+  // keys() / values(): copies of the fp32 tensors, [layer][kv_head][token][head_dim], for tests and analysis.
+  Napi::Value Keys(const Napi::CallbackInfo& info) { return Copy(info.Env(), block(info.Env())->k); }
+  Napi::Value Values(const Napi::CallbackInfo& info) { return Copy(info.Env(), block(info.Env())->v); }
+
+  static Napi::Value RunBlockOp(Napi::Env env, std::function<BlockPtr()> op);
+
+ private:
+  static Napi::Value Copy(Napi::Env env, const std::vector<float>& v) {
+    Napi::Float32Array a = Napi::Float32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  }
   std::shared_ptr<const KVBlock> block_;
 };
 Napi::FunctionReference BlockWrap::ctor;
+
+class BlockOpWorker : public PromiseWorker {
+ public:
+  BlockOpWorker(Napi::Env env, std::function<BlockPtr()> op) : PromiseWorker(env), op_(std::move(op)) {}
+  void Run() override { result_ = op_(); }
+  Napi::Value Resolve(Napi::Env) override { return BlockWrap::Wrap(result_); }
+
+ private:
+  std::function<BlockPtr()> op_;
+  BlockPtr result_;
+};
+
+Napi::Value BlockWrap::RunBlockOp(Napi::Env env, std::function<BlockPtr()> op) {
+  auto* w = new BlockOpWorker(env, std::move(op));
+  Napi::Promise p = w->promise();
+  w->Queue();
+  return p;
+}
+
+class SerializeWorker : public PromiseWorker {
+ public:
+  SerializeWorker(Napi::Env env, BlockPtr b, KVStorage s) : PromiseWorker(env), block_(std::move(b)), storage_(s) {}
+  void Run() override { bytes_ = serialize_block(*block_, storage_); }
+  Napi::Value Resolve(Napi::Env env) override { return Napi::Buffer<unsigned char>::Copy(env, bytes_.data(), bytes_.size()); }
+
+ private:
+  BlockPtr block_;
+  KVStorage storage_;
+  std::vector<unsigned char> bytes_;
+};
+
+Napi::Value BlockWrap::Serialize(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto b = block(env);
+  if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "serialize(storage: string)");
+  KVStorage s;
+  try {
+    s = parse_storage(info[0].As<Napi::String>());
+  } catch (const dki::Error& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  auto* w = new SerializeWorker(env, b, s);
+  Napi::Promise p = w->promise();
+  w->Queue();
+  return p;
+}
+
+std::shared_ptr<const Model> model_arg(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || !info[i].IsObject() || !info[i].As<Napi::Object>().InstanceOf(ModelWrap::ctor.Value()))
+    throw_type(info.Env(), "argument " + std::to_string(i + 1) + " must be a NativeModel");
+  return ModelWrap::Unwrap(info[i].As<Napi::Object>())->model(info.Env());
+}
+
+BlockPtr block_arg(Napi::Env env, Napi::Value v) {
+  if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(BlockWrap::ctor.Value())) throw_type(env, "expected a NativeKVBlock");
+  return BlockWrap::Unwrap(v.As<Napi::Object>())->block(env);
+}
+
+void check_owner(Napi::Env env, const Model& m, const KVBlock& b) {
+  if (b.fingerprint != m.fingerprint()) throw Napi::Error::New(env, "K/V block was computed by another model (fingerprint mismatch)");
+}
+
+// remapBlock(model, block, newStart) → Promise<NativeKVBlock>
+Napi::Value RemapBlock(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto m = model_arg(info, 0);
+  if (info.Length() < 3 || !info[2].IsNumber()) throw_type(env, "remapBlock(model, block, newStart: number)");
+  BlockPtr b = block_arg(env, info[1]);
+  check_owner(env, *m, *b);
+  const int start = info[2].As<Napi::Number>().Int32Value();
+  return BlockWrap::RunBlockOp(env, [m, b, start] { return remap_positions(*b, start, m->inv_freq()); });
+}
+
+// concatBlocks(model, blocks[]) → Promise<NativeKVBlock>
+Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto m = model_arg(info, 0);
+  if (info.Length() < 2 || !info[1].IsArray()) throw_type(env, "concatBlocks(model, blocks: NativeKVBlock[])");
+  Napi::Array arr = info[1].As<Napi::Array>();
+  std::vector<BlockPtr> blocks;
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    blocks.push_back(block_arg(env, arr.Get(i)));
+    check_owner(env, *m, *blocks.back());
+  }
+  return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq()); });
+}
+
+// deserializeBlock(model | null, bytes: Uint8Array) → Promise<NativeKVBlock>; null skips the model check.
+Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint64_t fp = 0;
+  std::shared_ptr<const Model> m;
+  if (info.Length() > 0 && !info[0].IsNull()) {
+    m = model_arg(info, 0);
+    fp = m->fingerprint();
+  }
+  if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array)");
+  Napi::Uint8Array a = info[1].As<Napi::Uint8Array>();
+  // Copied: the JS buffer may be reused or collected while the worker runs.
+  auto bytes = std::make_shared<std::vector<unsigned char>>(a.Data(), a.Data() + a.ByteLength());
+  int expect_head_dim = m ? m->config().head_dim : 0, expect_layers = m ? m->config().n_layers : 0, expect_heads = m ? m->config().n_kv_heads : 0;
+  return BlockWrap::RunBlockOp(env, [bytes, fp, expect_head_dim, expect_layers, expect_heads] {
+    BlockPtr b = deserialize_block(bytes->data(), bytes->size(), fp);
+    if (expect_layers && (b->n_layers != expect_layers || b->n_kv_heads != expect_heads || b->head_dim != expect_head_dim))
+      throw Error("K/V block shape does not match this model");
+    return b;
+  });
+}
 
 // ---------------------------------------------------------------- Context
 
@@ -502,6 +655,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   ContextWrap::Init(env, exports);
   SamplerWrap::Init(env, exports);
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
+  exports.Set("remapBlock", Napi::Function::New(env, RemapBlock));
+  exports.Set("concatBlocks", Napi::Function::New(env, ConcatBlocks));
+  exports.Set("deserializeBlock", Napi::Function::New(env, DeserializeBlock));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("getThreads", Napi::Function::New(env, GetThreads));
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));

@@ -45,8 +45,16 @@ export interface NativeKVBlockInfo {
   byteSize: number;
 }
 
+export type KVStorage = "f32" | "f16" | "bf16" | "int8";
+
 export interface NativeKVBlockHandle {
   info(): NativeKVBlockInfo;
+  scaleValues(alpha: number): Promise<NativeKVBlockHandle>;
+  slice(from: number, to: number): Promise<NativeKVBlockHandle>;
+  serialize(storage: KVStorage): Promise<Buffer>;
+  storageBytes(storage: KVStorage): number;
+  keys(): Float32Array;
+  values(): Float32Array;
   dispose(): void;
 }
 
@@ -89,6 +97,9 @@ export interface NativeAddon {
   loadModel(spec: { config: NativeConfig; tensors: NativeTensorSpec[] }): Promise<NativeModelHandle>;
   NativeContext: new (model: NativeModelHandle, maxTokens: number) => NativeContextHandle;
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
+  remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;
+  concatBlocks(model: NativeModelHandle, blocks: NativeKVBlockHandle[]): Promise<NativeKVBlockHandle>;
+  deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array): Promise<NativeKVBlockHandle>;
   setThreads(n: number): void;
   getThreads(): number;
   setSimd(name: string): void;

@@ -1,0 +1,324 @@
+#include "kv_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common.h"
+
+namespace dki {
+
+namespace {
+
+std::shared_ptr<KVBlock> like(const KVBlock& b, int n_tokens) {
+  auto out = std::make_shared<KVBlock>();
+  out->n_layers = b.n_layers;
+  out->n_kv_heads = b.n_kv_heads;
+  out->head_dim = b.head_dim;
+  out->n_tokens = n_tokens;
+  out->start_pos = b.start_pos;
+  out->fingerprint = b.fingerprint;
+  out->k.resize(size_t(b.n_layers) * out->layer_stride());
+  out->v.resize(out->k.size());
+  return out;
+}
+
+// Rotate every key of rows [0, n) of each (layer, head) by `delta` positions, in place.
+void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq) {
+  if (delta == 0) return;
+  const int hd = b.head_dim, half = hd / 2;
+  std::vector<float> c(half), s(half);
+  for (int i = 0; i < half; i++) {
+    c[i] = float(std::cos(double(delta) * inv_freq[i]));
+    s[i] = float(std::sin(double(delta) * inv_freq[i]));
+  }
+  const size_t rows = size_t(b.n_layers) * b.n_kv_heads * b.n_tokens;
+  for (size_t r = 0; r < rows; r++) {
+    float* k = b.k.data() + r * hd;
+    for (int i = 0; i < half; i++) {
+      const float x = k[i], y = k[i + half];
+      k[i] = x * c[i] - y * s[i];
+      k[i + half] = y * c[i] + x * s[i];
+    }
+  }
+}
+
+// Copies tokens [from, from+n) of src into tokens [at, at+n) of dst, every layer and head.
+void copy_tokens(const KVBlock& src, int from, int n, KVBlock& dst, int at) {
+  const int hd = src.head_dim;
+  for (int l = 0; l < src.n_layers; l++)
+    for (int h = 0; h < src.n_kv_heads; h++) {
+      const size_t s = ((size_t(l) * src.n_kv_heads + h) * src.n_tokens + from) * hd;
+      const size_t d = ((size_t(l) * dst.n_kv_heads + h) * dst.n_tokens + at) * hd;
+      std::copy_n(&src.k[s], size_t(n) * hd, &dst.k[d]);
+      std::copy_n(&src.v[s], size_t(n) * hd, &dst.v[d]);
+    }
+}
+
+// ---- serialisation
+
+constexpr char kMagic[8] = {'D', 'K', 'I', 'K', 'V', 'B', 'L', 'K'};
+constexpr uint32_t kVersion = 1;
+
+#pragma pack(push, 1)
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t storage;
+  int32_t n_layers, n_kv_heads, head_dim, n_tokens;
+  int32_t start_pos;
+  uint32_t reserved;
+  uint64_t fingerprint;
+  uint64_t body_bytes;  // token ids + payload
+  uint64_t checksum;    // of the body
+};
+#pragma pack(pop)
+static_assert(sizeof(Header) == 64, "header layout");
+
+// Limits that keep a lying header from asking for absurd allocations.
+constexpr int32_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxTokens = 1 << 22;
+
+size_t elements(const KVBlock& b) { return size_t(b.n_layers) * b.n_kv_heads * b.n_tokens * b.head_dim; }
+
+size_t payload_bytes(int L, int H, int T, int hd, KVStorage s) {
+  const size_t n = size_t(L) * H * T * hd;
+  switch (s) {
+    case KVStorage::F32: return 2 * n * 4;
+    case KVStorage::F16:
+    case KVStorage::BF16: return 2 * n * 2;
+    case KVStorage::Int8: return 2 * n + size_t(L) * H * hd * 4 + size_t(L) * H * T * 4;
+  }
+  return 0;
+}
+
+template <typename T>
+void put(std::vector<unsigned char>& out, size_t& at, const T& v) {
+  std::memcpy(out.data() + at, &v, sizeof v);
+  at += sizeof v;
+}
+
+template <typename T>
+T get(const unsigned char* p, size_t& at) {
+  T v;
+  std::memcpy(&v, p + at, sizeof v);
+  at += sizeof v;
+  return v;
+}
+
+}  // namespace
+
+BlockPtr scale_values(const KVBlock& b, float alpha) {
+  if (!std::isfinite(alpha)) throw Error("alpha must be a finite number");
+  auto out = std::make_shared<KVBlock>(b);
+  for (float& v : out->v) v *= alpha;
+  return out;
+}
+
+BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq) {
+  if (int(inv_freq.size()) * 2 != b.head_dim) throw Error("block head_dim does not match the model");
+  auto out = std::make_shared<KVBlock>(b);
+  rotate_keys(*out, new_start - b.start_pos, inv_freq);
+  out->start_pos = new_start;
+  return out;
+}
+
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq) {
+  if (blocks.empty()) throw Error("concat needs at least one block");
+  const KVBlock& first = *blocks[0];
+  int64_t total = 0;
+  for (const auto& b : blocks) {
+    if (b->fingerprint != first.fingerprint) throw Error("cannot concat blocks computed by different models");
+    if (b->n_layers != first.n_layers || b->n_kv_heads != first.n_kv_heads || b->head_dim != first.head_dim)
+      throw Error("cannot concat blocks of different shapes");
+    total += b->n_tokens;
+  }
+  if (total > kMaxTokens) throw Error("concatenated block would exceed " + std::to_string(kMaxTokens) + " tokens");
+  auto out = like(first, int(total));
+  int at = 0;
+  for (const auto& b : blocks) {
+    const int want = first.start_pos + at;
+    BlockPtr placed = b->start_pos == want ? b : remap_positions(*b, want, inv_freq);
+    copy_tokens(*placed, 0, b->n_tokens, *out, at);
+    out->tokens.insert(out->tokens.end(), b->tokens.begin(), b->tokens.end());
+    at += b->n_tokens;
+  }
+  return out;
+}
+
+BlockPtr slice_block(const KVBlock& b, int from, int to) {
+  if (from < 0 || to > b.n_tokens || from >= to)
+    throw Error("slice [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the block's " + std::to_string(b.n_tokens) + " tokens");
+  auto out = like(b, to - from);
+  copy_tokens(b, from, to - from, *out, 0);
+  out->start_pos = b.start_pos + from;
+  out->tokens.assign(b.tokens.begin() + from, b.tokens.begin() + to);
+  return out;
+}
+
+KVStorage parse_storage(const std::string& name) {
+  if (name == "f32" || name == "fp32") return KVStorage::F32;
+  if (name == "f16" || name == "fp16") return KVStorage::F16;
+  if (name == "bf16") return KVStorage::BF16;
+  if (name == "int8" || name == "q8") return KVStorage::Int8;
+  throw Error("unknown K/V storage \"" + name + "\" (expected f32, f16, bf16 or int8)");
+}
+
+size_t storage_bytes(const KVBlock& b, KVStorage storage) {
+  return payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
+}
+
+uint64_t checksum64(const unsigned char* data, size_t size) {
+  // Four independent multiply-xorshift lanes over 8-byte words, then a final mix: several GB/s,
+  // and any single flipped bit changes the result.
+  const uint64_t kMul = 0x9fb21c651e98df25ull;
+  uint64_t lanes[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+  size_t i = 0;
+  for (; i + 32 <= size; i += 32)
+    for (int j = 0; j < 4; j++) {
+      uint64_t w;
+      std::memcpy(&w, data + i + 8 * j, 8);
+      lanes[j] = (lanes[j] ^ w) * kMul;
+      lanes[j] ^= lanes[j] >> 29;
+    }
+  uint64_t h = size;
+  for (int j = 0; j < 4; j++) h = (h ^ lanes[j]) * kMul, h ^= h >> 32;
+  for (; i < size; i++) h = (h ^ data[i]) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
+  const size_t n = elements(b);
+  const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
+  std::vector<unsigned char> out(sizeof(Header) + body);
+  size_t at = sizeof(Header);
+  for (int32_t t : b.tokens) put(out, at, t);
+  switch (storage) {
+    case KVStorage::F32:
+      std::memcpy(out.data() + at, b.k.data(), n * 4);
+      std::memcpy(out.data() + at + n * 4, b.v.data(), n * 4);
+      break;
+    case KVStorage::F16:
+    case KVStorage::BF16: {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(out.data() + at);  // at is even: header 64 + 4·T
+      const bool f16 = storage == KVStorage::F16;
+      for (size_t i = 0; i < n; i++) dst[i] = f16 ? f32_to_f16(b.k[i]) : f32_to_bf16(b.k[i]);
+      for (size_t i = 0; i < n; i++) dst[n + i] = f16 ? f32_to_f16(b.v[i]) : f32_to_bf16(b.v[i]);
+      break;
+    }
+    case KVStorage::Int8: {
+      // Keys: one scale per (layer, head, channel) over all tokens — key outliers live in fixed
+      // channels. Values: one scale per (layer, head, token) over its channels.
+      const int L = b.n_layers, H = b.n_kv_heads, T = b.n_tokens, hd = b.head_dim;
+      std::vector<float> kscale(size_t(L) * H * hd, 0.f), vscale(size_t(L) * H * T, 0.f);
+      for (int lh = 0; lh < L * H; lh++)
+        for (int t = 0; t < T; t++)
+          for (int c = 0; c < hd; c++) {
+            float& s = kscale[size_t(lh) * hd + c];
+            s = std::max(s, std::fabs(b.k[(size_t(lh) * T + t) * hd + c]));
+          }
+      for (float& s : kscale) s /= 127.f;
+      for (size_t r = 0; r < size_t(L) * H * T; r++) {
+        float m = 0;
+        for (int c = 0; c < hd; c++) m = std::max(m, std::fabs(b.v[r * hd + c]));
+        vscale[r] = m / 127.f;
+      }
+      for (float s : kscale) put(out, at, s);
+      for (int lh = 0; lh < L * H; lh++)
+        for (int t = 0; t < T; t++)
+          for (int c = 0; c < hd; c++) {
+            const float s = kscale[size_t(lh) * hd + c];
+            const float q = s > 0 ? std::nearbyint(b.k[(size_t(lh) * T + t) * hd + c] / s) : 0.f;
+            out[at++] = static_cast<unsigned char>(int8_t(std::clamp(q, -127.f, 127.f)));
+          }
+      for (float s : vscale) put(out, at, s);
+      for (size_t r = 0; r < size_t(L) * H * T; r++)
+        for (int c = 0; c < hd; c++) {
+          const float s = vscale[r];
+          const float q = s > 0 ? std::nearbyint(b.v[r * hd + c] / s) : 0.f;
+          out[at++] = static_cast<unsigned char>(int8_t(std::clamp(q, -127.f, 127.f)));
+        }
+      break;
+    }
+  }
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kVersion;
+  h.storage = uint32_t(storage);
+  h.n_layers = b.n_layers;
+  h.n_kv_heads = b.n_kv_heads;
+  h.head_dim = b.head_dim;
+  h.n_tokens = b.n_tokens;
+  h.start_pos = b.start_pos;
+  h.fingerprint = b.fingerprint;
+  h.body_bytes = body;
+  h.checksum = checksum64(out.data() + sizeof(Header), body);
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint) {
+  if (size < sizeof(Header)) throw Error("K/V block data is " + std::to_string(size) + " bytes, shorter than its 64-byte header");
+  Header h;
+  std::memcpy(&h, data, sizeof h);
+  if (std::memcmp(h.magic, kMagic, 8) != 0) throw Error("not a K/V block (bad magic)");
+  if (h.version != kVersion) throw Error("K/V block format version " + std::to_string(h.version) + " is not supported (expected " + std::to_string(kVersion) + ")");
+  if (h.storage > uint32_t(KVStorage::Int8)) throw Error("K/V block has unknown storage type " + std::to_string(h.storage));
+  auto in_range = [](int32_t v, int32_t max) { return v > 0 && v <= max; };
+  if (!in_range(h.n_layers, kMaxLayers) || !in_range(h.n_kv_heads, kMaxHeads) || !in_range(h.head_dim, kMaxHeadDim) || !in_range(h.n_tokens, kMaxTokens) ||
+      h.head_dim % 2 != 0)
+    throw Error("K/V block header has invalid dimensions");
+  const KVStorage storage = KVStorage(h.storage);
+  const size_t body = size_t(h.n_tokens) * 4 + payload_bytes(h.n_layers, h.n_kv_heads, h.n_tokens, h.head_dim, storage);
+  if (h.body_bytes != body) throw Error("K/V block header says " + std::to_string(h.body_bytes) + " body bytes, its dimensions need " + std::to_string(body));
+  if (size - sizeof(Header) < body) throw Error("K/V block is truncated: " + std::to_string(size) + " bytes, expected " + std::to_string(sizeof(Header) + body));
+  if (size - sizeof(Header) > body) throw Error("K/V block has " + std::to_string(size - sizeof(Header) - body) + " trailing bytes");
+  if (checksum64(data + sizeof(Header), body) != h.checksum) throw Error("K/V block checksum mismatch (corrupt data)");
+  if (expected_fingerprint != 0 && h.fingerprint != expected_fingerprint) throw Error("K/V block was computed by another model (fingerprint mismatch)");
+
+  auto b = std::make_shared<KVBlock>();
+  b->n_layers = h.n_layers;
+  b->n_kv_heads = h.n_kv_heads;
+  b->head_dim = h.head_dim;
+  b->n_tokens = h.n_tokens;
+  b->start_pos = h.start_pos;
+  b->fingerprint = h.fingerprint;
+  const size_t n = elements(*b);
+  b->k.resize(n);
+  b->v.resize(n);
+  size_t at = sizeof(Header);
+  b->tokens.resize(h.n_tokens);
+  for (auto& t : b->tokens) t = get<int32_t>(data, at);
+  switch (storage) {
+    case KVStorage::F32:
+      std::memcpy(b->k.data(), data + at, n * 4);
+      std::memcpy(b->v.data(), data + at + n * 4, n * 4);
+      break;
+    case KVStorage::F16:
+    case KVStorage::BF16: {
+      const bool f16 = storage == KVStorage::F16;
+      for (size_t i = 0; i < 2 * n; i++) {
+        const uint16_t x = get<uint16_t>(data, at);
+        (i < n ? b->k[i] : b->v[i - n]) = f16 ? f16_to_f32(x) : bf16_to_f32(x);
+      }
+      break;
+    }
+    case KVStorage::Int8: {
+      const int L = b->n_layers, H = b->n_kv_heads, T = b->n_tokens, hd = b->head_dim;
+      std::vector<float> kscale(size_t(L) * H * hd);
+      for (float& s : kscale) s = get<float>(data, at);
+      for (int lh = 0; lh < L * H; lh++)
+        for (int t = 0; t < T; t++)
+          for (int c = 0; c < hd; c++) b->k[(size_t(lh) * T + t) * hd + c] = float(int8_t(data[at++])) * kscale[size_t(lh) * hd + c];
+      std::vector<float> vscale(size_t(L) * H * T);
+      for (float& s : vscale) s = get<float>(data, at);
+      for (size_t r = 0; r < size_t(L) * H * T; r++)
+        for (int c = 0; c < hd; c++) b->v[r * hd + c] = float(int8_t(data[at++])) * vscale[r];
+      break;
+    }
+  }
+  return b;
+}
+
+}  // namespace dki

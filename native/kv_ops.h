@@ -1,0 +1,41 @@
+// Operations on K/V blocks. Blocks are immutable once made: every op returns a new block, so a
+// block injected into a running generation can never change under it.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv_block.h"
+
+namespace dki {
+
+using BlockPtr = std::shared_ptr<const KVBlock>;
+
+// V ← α·V; keys are never scaled.
+BlockPtr scale_values(const KVBlock& b, float alpha);
+// Re-rotates every key from position start_pos+i to new_start+i: rotary embedding is a rotation
+// by θ·pos per dimension pair, so multiplying by the rotation of the delta moves it. No recompute.
+BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq);
+// Joins blocks along the token axis, placing each right after the previous (keys re-rotated
+// where a block does not already sit there).
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq);
+// Tokens [from, to) of a block.
+BlockPtr slice_block(const KVBlock& b, int from, int to);
+
+// Storage forms for serialisation and colder cache tiers.
+enum class KVStorage : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Int8 = 3 };
+KVStorage parse_storage(const std::string& name);
+
+// Versioned binary: header, model fingerprint, token ids, payload in `storage` form, checksum.
+// Int8 uses per-channel scales for keys and per-token scales for values.
+std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage);
+// Parses and verifies a serialised block; throws a dki::Error naming the problem for a short,
+// corrupt or foreign buffer. expected_fingerprint 0 skips the model check.
+BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint);
+// Bytes a block takes in a storage form (payload only, without header and token ids).
+size_t storage_bytes(const KVBlock& b, KVStorage storage);
+
+// 64-bit checksum of a byte range (fast, not cryptographic).
+uint64_t checksum64(const unsigned char* data, size_t size);
+
+}  // namespace dki

@@ -1,0 +1,112 @@
+// Malformed model files must give an error naming the problem, never crash the process.
+import { copyFileSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, test } from "vitest";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { readSafetensorsHeader } from "../src/formats/safetensors.js";
+import { LogitsMode, native } from "../src/engine/native.js";
+import { hfLlamaTiny, tempDir } from "./support/paths.js";
+
+const original = readFileSync(join(hfLlamaTiny, "model.safetensors"));
+const headerLen = Number(original.readBigUInt64LE(0));
+
+/** A deterministic PRNG so a failing corruption can be replayed from its index. */
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function corrupt(i: number): Buffer {
+  const r = rng(i);
+  const buf = Buffer.from(original);
+  switch (i % 6) {
+    case 0: // truncate anywhere
+      return buf.subarray(0, Math.floor(r() * buf.length));
+    case 1: // flip bytes inside the JSON header
+      for (let k = 0; k < 1 + Math.floor(r() * 4); k++) buf[8 + Math.floor(r() * headerLen)] ^= 1 << Math.floor(r() * 8);
+      return buf;
+    case 2: // a lying header length
+      buf.writeBigUInt64LE(BigInt(Math.floor(r() * 2 ** 40)), 0);
+      return buf;
+    case 3: { // rewrite numbers in the header (offsets, shapes)
+      const json = buf.subarray(8, 8 + headerLen).toString("utf8");
+      const mutated = json.replace(/\d+/g, (d) => (r() < 0.05 ? String(Math.floor(r() * 10 ** (d.length + 1))).padStart(d.length, "0").slice(0, d.length) : d));
+      buf.write(mutated, 8, "utf8");
+      return buf;
+    }
+    case 4: { // an unknown dtype
+      const json = buf.subarray(8, 8 + headerLen).toString("utf8");
+      buf.write(json.replace('"F32"', r() < 0.5 ? '"F99"' : '"I8" '), 8, "utf8");
+      return buf;
+    }
+    default: // flip bytes anywhere (weights included: must still load and run)
+      for (let k = 0; k < 8; k++) buf[Math.floor(r() * buf.length)] ^= 0xff;
+      return buf;
+  }
+}
+
+describe("corrupted safetensors", () => {
+  test("300 random corruptions: each loads and runs, or is refused with an error naming the file or folder", async () => {
+    const dir = tempDir();
+    copyFileSync(join(hfLlamaTiny, "config.json"), join(dir, "config.json"));
+    let refused = 0;
+    for (let i = 0; i < 300; i++) {
+      const file = join(dir, "model.safetensors");
+      writeFileSync(file, corrupt(i));
+      let files;
+      try {
+        files = await readHfFolder(dir);
+      } catch (e) {
+        expect((e as Error).message, `corruption ${i}`).toContain(dir);
+        refused++;
+        continue;
+      }
+      const model = await native().loadModel({ config: files.config, tensors: files.tensors });
+      const ctx = new (native().NativeContext)(model, 8);
+      await ctx.eval(Int32Array.of(1, 2, 3), LogitsMode.Last);
+      ctx.dispose();
+      model.dispose();
+    }
+    expect(refused).toBeGreaterThan(100);
+  });
+
+  test("a header whose tensor runs past the end of the file", async () => {
+    const dir = tempDir();
+    const buf = Buffer.from(original);
+    writeFileSync(join(dir, "x.safetensors"), buf.subarray(0, buf.length - 100));
+    await expect(readSafetensorsHeader(join(dir, "x.safetensors"))).rejects.toThrow(/past its end|truncated/);
+  });
+});
+
+describe("the native loader re-checks what TypeScript passes it", async () => {
+  const files = await readHfFolder(hfLlamaTiny);
+  const load = (patch: (t: (typeof files.tensors)[number]) => void) => {
+    const tensors = files.tensors.map((t) => ({ ...t, shape: [...t.shape] }));
+    patch(tensors[3]);
+    return native().loadModel({ config: files.config, tensors });
+  };
+  test("offset past the end of the file", async () => {
+    await expect(load((t) => (t.offset = original.length))).rejects.toThrow(/runs past the end/);
+  });
+  test("byte count disagreeing with shape and dtype", async () => {
+    await expect(load((t) => (t.nbytes -= 4))).rejects.toThrow(/bytes, its shape and dtype need/);
+  });
+  test("shape disagreeing with the config", async () => {
+    await expect(load((t) => (t.shape = [t.shape[1], t.shape[0]]))).rejects.toThrow(/has shape/);
+  });
+  test("missing tensor", async () => {
+    await expect(load((t) => (t.name = "something.else"))).rejects.toThrow(/is missing/);
+  });
+  test("missing file", async () => {
+    await expect(load((t) => (t.file = "/nonexistent/model.safetensors"))).rejects.toThrow(/cannot open/);
+  });
+  test("invalid config", async () => {
+    await expect(native().loadModel({ config: { ...files.config, numKvHeads: 3 }, tensors: files.tensors })).rejects.toThrow(/multiple of/);
+  });
+});
