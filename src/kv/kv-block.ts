@@ -1,0 +1,104 @@
+// K/V blocks: every layer's keys and values for a run of tokens, computed by one model and
+// refused by any other. Blocks are immutable; every operation returns a new block and runs
+// off the main thread. Memory is native: call dispose() (or let the GC reclaim it).
+import { DkiArgumentError } from "../errors.js";
+import { native, type KVStorage, type NativeKVBlockHandle, type NativeModelHandle } from "../engine/native.js";
+
+export type { KVStorage };
+
+export class KVBlock {
+  private handle: NativeKVBlockHandle | null;
+  readonly nLayers: number;
+  readonly nKvHeads: number;
+  readonly headDim: number;
+  readonly nTokens: number;
+  /** Position of the first token when its keys were rotated. */
+  readonly startPos: number;
+  /** Fingerprint of the model that computed it. */
+  readonly fingerprint: string;
+  readonly tokens: readonly number[];
+  /** Bytes of K and V in memory (fp32). */
+  readonly byteSize: number;
+
+  /** Wraps a native handle; `model` is the owner, needed by the position-dependent ops. */
+  constructor(handle: NativeKVBlockHandle, private readonly model: NativeModelHandle) {
+    this.handle = handle;
+    const i = handle.info();
+    this.nLayers = i.nLayers;
+    this.nKvHeads = i.nKvHeads;
+    this.headDim = i.headDim;
+    this.nTokens = i.nTokens;
+    this.startPos = i.startPos;
+    this.fingerprint = i.fingerprint;
+    this.tokens = Array.from(i.tokens);
+    this.byteSize = i.byteSize;
+  }
+
+  /** The native handle (for injection into a context). */
+  nativeHandle(): NativeKVBlockHandle {
+    if (!this.handle) throw new Error("K/V block has been disposed");
+    return this.handle;
+  }
+
+  private wrap(h: NativeKVBlockHandle): KVBlock {
+    return new KVBlock(h, this.model);
+  }
+
+  /** V ← α·V. Keys are never scaled. */
+  async scaleValues(alpha: number): Promise<KVBlock> {
+    if (!Number.isFinite(alpha)) throw new DkiArgumentError(`alpha must be a finite number, got ${alpha}`);
+    return this.wrap(await this.nativeHandle().scaleValues(alpha));
+  }
+
+  /** Moves the block to start at `newStart` by re-rotating its keys (no recompute). */
+  async remap(newStart: number): Promise<KVBlock> {
+    if (!Number.isInteger(newStart)) throw new DkiArgumentError(`position must be an integer, got ${newStart}`);
+    return this.wrap(await native().remapBlock(this.model, this.nativeHandle(), newStart));
+  }
+
+  /** Tokens [from, to). */
+  async slice(from: number, to: number): Promise<KVBlock> {
+    return this.wrap(await this.nativeHandle().slice(from, to));
+  }
+
+  /** Joins blocks along the token axis, each placed right after the previous, starting at the first block's position. */
+  static async concat(blocks: KVBlock[]): Promise<KVBlock> {
+    if (blocks.length === 0) throw new DkiArgumentError("concat needs at least one block");
+    const model = blocks[0].model;
+    return new KVBlock(await native().concatBlocks(model, blocks.map((b) => b.nativeHandle())), model);
+  }
+
+  /** The block as it comes back from storage in `storage` form (values rounded to fp16/bf16/int8). */
+  async toStorage(storage: KVStorage): Promise<KVBlock> {
+    return KVBlock.deserialize(this.model, await this.serialize(storage));
+  }
+
+  /** Payload bytes of this block in a storage form. */
+  storageBytes(storage: KVStorage): number {
+    return this.nativeHandle().storageBytes(storage);
+  }
+
+  /** Versioned binary with header, model fingerprint, token ids and checksum. */
+  serialize(storage: KVStorage = "f32"): Promise<Buffer> {
+    return this.nativeHandle().serialize(storage);
+  }
+
+  /** Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks. */
+  static async deserialize(model: NativeModelHandle, bytes: Uint8Array): Promise<KVBlock> {
+    return new KVBlock(await native().deserializeBlock(model, bytes), model);
+  }
+
+  /** Copies of K and V, [layer][kv_head][token][head_dim]. */
+  keys(): Float32Array {
+    return this.nativeHandle().keys();
+  }
+
+  values(): Float32Array {
+    return this.nativeHandle().values();
+  }
+
+  dispose(): void {
+    this.handle?.dispose();
+    this.handle = null;
+  }
+}

@@ -1,0 +1,138 @@
+// K/V block operations, checked against recomputation and exact identities.
+import { beforeAll, describe, expect, test } from "vitest";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { LogitsMode, native, type NativeModelHandle } from "../src/engine/native.js";
+import { KVBlock } from "../src/kv/kv-block.js";
+import { hfLlamaTiny, maxAbsDiff } from "./support/paths.js";
+
+let model: NativeModelHandle;
+let other: NativeModelHandle;
+const tokens = [5, 17, 300, 42, 8, 99, 250, 3, 77, 410, 12, 64, 128];
+
+beforeAll(async () => {
+  const f = await readHfFolder(hfLlamaTiny);
+  model = await native().loadModel({ config: f.config, tensors: f.tensors });
+  // Same weights, different rope theta: a different model whose blocks must not mix.
+  other = await native().loadModel({ config: { ...f.config, ropeTheta: 20000 }, tensors: f.tensors });
+});
+
+async function compute(m: NativeModelHandle, toks: number[], start: number): Promise<KVBlock> {
+  const ctx = new (native().NativeContext)(m, toks.length);
+  ctx.reset(start);
+  await ctx.eval(Int32Array.from(toks), LogitsMode.None);
+  const b = new KVBlock(ctx.exportBlock(0, toks.length), m);
+  ctx.dispose();
+  return b;
+}
+
+describe("K/V blocks", () => {
+  test("metadata", async () => {
+    const b = await compute(model, tokens, 0);
+    expect(b.nTokens).toBe(tokens.length);
+    expect(b.tokens).toEqual(tokens);
+    expect(b.nLayers).toBe(3);
+    expect(b.nKvHeads).toBe(2);
+    expect(b.headDim).toBe(32);
+    expect(b.byteSize).toBe(2 * 3 * 2 * tokens.length * 32 * 4);
+  });
+
+  test.each([7, -13, 1000, -4096])("remap from 0 to %i equals computing at that position (≤ 1e-5)", async (s) => {
+    const at0 = await compute(model, tokens, 0);
+    const direct = await compute(model, tokens, s);
+    const moved = await at0.remap(s);
+    expect(moved.startPos).toBe(s);
+    const scale = Math.max(...Array.from(direct.keys(), Math.abs));
+    expect(maxAbsDiff(moved.keys(), direct.keys()) / Math.max(1, scale)).toBeLessThan(1e-5);
+    // Values only change through float rounding: attention depends on relative positions alone.
+    expect(maxAbsDiff(moved.values(), direct.values())).toBeLessThan(1e-5);
+  });
+
+  test("scaleValues multiplies V and leaves K untouched", async () => {
+    const b = await compute(model, tokens, 0);
+    const s = await b.scaleValues(0.25);
+    expect(Array.from(s.keys())).toEqual(Array.from(b.keys()));
+    const v = b.values(), sv = s.values();
+    for (let i = 0; i < v.length; i++) expect(sv[i]).toBe(Math.fround(v[i] * 0.25));
+  });
+
+  test("slice and concat are inverse; concat re-places blocks contiguously", async () => {
+    const b = await compute(model, tokens, 0);
+    const a = await b.slice(0, 5);
+    const c = await b.slice(5, tokens.length);
+    expect(c.startPos).toBe(5);
+    const joined = await KVBlock.concat([a, c]);
+    expect(joined.tokens).toEqual(tokens);
+    expect(maxAbsDiff(joined.keys(), b.keys())).toBe(0);
+    // c before a: c stays at 5, a is re-rotated to follow it at 5 + c.nTokens.
+    const swapped = await KVBlock.concat([c, a]);
+    expect(swapped.startPos).toBe(5);
+    expect(swapped.tokens).toEqual([...tokens.slice(5), ...tokens.slice(0, 5)]);
+    expect(maxAbsDiff((await swapped.slice(0, c.nTokens)).keys(), c.keys())).toBe(0);
+    const aMoved = await a.remap(5 + c.nTokens);
+    expect(maxAbsDiff((await swapped.slice(c.nTokens, tokens.length)).keys(), aMoved.keys())).toBe(0);
+  });
+
+  test("serialise round trip is exact for f32", async () => {
+    const b = await compute(model, tokens, -13);
+    const bytes = await b.serialize("f32");
+    const back = await KVBlock.deserialize(model, bytes);
+    expect(back.startPos).toBe(-13);
+    expect(back.tokens).toEqual(tokens);
+    expect(Array.from(back.keys())).toEqual(Array.from(b.keys()));
+    expect(Array.from(back.values())).toEqual(Array.from(b.values()));
+  });
+
+  test("f16 / bf16 / int8 storage: sizes and bounded round-trip error", async () => {
+    const b = await compute(model, tokens, 0);
+    const f32 = b.storageBytes("f32");
+    expect(b.storageBytes("f16")).toBe(f32 / 2);
+    expect(b.storageBytes("bf16")).toBe(f32 / 2);
+    expect(b.storageBytes("int8")).toBeLessThan(f32 / 3.2);
+    const maxK = Math.max(...Array.from(b.keys(), Math.abs));
+    const maxV = Math.max(...Array.from(b.values(), Math.abs));
+    for (const [storage, rel] of [["f16", 1e-3], ["bf16", 8e-3], ["int8", 1 / 127]] as const) {
+      const r = await b.toStorage(storage);
+      // Relative to the largest magnitude: int8 is off by at most half a quantisation step.
+      expect(maxAbsDiff(r.keys(), b.keys()) / maxK, storage).toBeLessThanOrEqual(rel);
+      expect(maxAbsDiff(r.values(), b.values()) / maxV, storage).toBeLessThanOrEqual(rel);
+    }
+  });
+
+  test("corrupt, truncated and foreign serialised blocks are refused", async () => {
+    const b = await compute(model, tokens, 0);
+    for (const storage of ["f32", "int8"] as const) {
+      const bytes = await b.serialize(storage);
+      const flipped = Buffer.from(bytes);
+      flipped[200] ^= 0x10;
+      await expect(KVBlock.deserialize(model, flipped)).rejects.toThrow(/checksum mismatch/);
+      await expect(KVBlock.deserialize(model, bytes.subarray(0, bytes.length - 1))).rejects.toThrow(/truncated/);
+      await expect(KVBlock.deserialize(model, bytes.subarray(0, 10))).rejects.toThrow(/shorter than its 64-byte header/);
+      await expect(KVBlock.deserialize(model, Buffer.concat([bytes, Buffer.alloc(3)]))).rejects.toThrow(/trailing bytes/);
+      const badMagic = Buffer.from(bytes);
+      badMagic[0] = 0x41;
+      await expect(KVBlock.deserialize(model, badMagic)).rejects.toThrow(/bad magic/);
+      await expect(KVBlock.deserialize(other, bytes)).rejects.toThrow(/another model/);
+    }
+    // Random garbage of many lengths never crashes.
+    for (let n = 0; n < 200; n++) {
+      const junk = Buffer.alloc(n * 7);
+      for (let i = 0; i < junk.length; i++) junk[i] = (i * 131 + n * 7) & 0xff;
+      await expect(KVBlock.deserialize(model, junk)).rejects.toThrow();
+    }
+  });
+
+  test("a block from another model is refused by injection and by ops", async () => {
+    const foreign = await compute(other, tokens, 0);
+    const ctx = new (native().NativeContext)(model, 16);
+    expect(() => ctx.setSegments([{ block: foreign.nativeHandle(), alpha: 1, logit: false }])).toThrow(/another model/);
+    const mine = await compute(model, tokens, 0);
+    await expect(KVBlock.concat([mine, foreign])).rejects.toThrow(/another model/);
+    await expect((async () => native().remapBlock(model, foreign.nativeHandle(), 3))()).rejects.toThrow(/another model/);
+  });
+
+  test("disposed blocks give a clear error", async () => {
+    const b = await compute(model, tokens, 0);
+    b.dispose();
+    expect(() => b.keys()).toThrow(/disposed/);
+  });
+});
