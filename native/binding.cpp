@@ -407,6 +407,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                                        InstanceMethod("setSegments", &ContextWrap::SetSegments),
                                        InstanceMethod("exportBlock", &ContextWrap::ExportBlock),
                                        InstanceMethod("dispose", &ContextWrap::Dispose),
+                                       InstanceMethod("setAttentionProbe", &ContextWrap::SetAttentionProbe),
+                                       InstanceMethod("attentionEntropy", &ContextWrap::AttentionEntropy),
                                        InstanceAccessor("nPast", &ContextWrap::NPast, nullptr),
                                        InstanceAccessor("maxTokens", &ContextWrap::MaxTokens, nullptr),
                                        InstanceAccessor("posBase", &ContextWrap::PosBase, nullptr),
@@ -549,6 +551,27 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     } catch (const dki::Error& e) {
       throw Napi::RangeError::New(env, e.what());
     }
+  }
+
+  // setAttentionProbe(layer: number), -1 to stop
+  Napi::Value SetAttentionProbe(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setAttentionProbe(layer: number)");
+    try {
+      c.set_attention_probe(info[0].As<Napi::Number>().Int32Value());
+    } catch (const dki::Error& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
+    return env.Undefined();
+  }
+
+  // attentionEntropy() → Float32Array, nats per query head at the last token of the last eval
+  Napi::Value AttentionEntropy(const Napi::CallbackInfo& info) {
+    const auto& e = ctx(info.Env()).attention_entropy();
+    Napi::Float32Array a = Napi::Float32Array::New(info.Env(), e.size());
+    std::copy(e.begin(), e.end(), a.Data());
+    return a;
   }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {

@@ -34,6 +34,11 @@ class Context {
   // Copies own tokens [from, to) out as a block (keys stay rotated at their positions).
   std::shared_ptr<KVBlock> export_block(int from, int to) const;
 
+  // Records, for layer `layer` (-1: none), the attention entropy of each query head at the
+  // last token of every eval: a model-uncertainty signal for gating.
+  void set_attention_probe(int layer);
+  const std::vector<float>& attention_entropy() const { return probe_entropy_; }
+
   // Asks a running eval to stop at the next chunk boundary (it then throws "cancelled").
   void cancel() { cancel_.store(true); }
 
@@ -48,6 +53,8 @@ class Context {
   std::vector<Segment> segments_;
   std::atomic<bool> cancel_{false};
   std::vector<int32_t> tokens_;  // own tokens, for export_block
+  int probe_layer_ = -1;
+  std::vector<float> probe_entropy_;  // per query head
 
   // Own K/V: [layer][kv_head][max_tokens][head_dim]
   std::vector<float> k_cache_, v_cache_;

@@ -77,6 +77,13 @@ void Context::truncate(int n) {
   tokens_.resize(n);
 }
 
+void Context::set_attention_probe(int layer) {
+  if (layer < -1 || layer >= model_->config().n_layers)
+    throw Error("attention probe layer " + std::to_string(layer) + " is outside 0.." + std::to_string(model_->config().n_layers - 1));
+  probe_layer_ = layer;
+  probe_entropy_.assign(layer < 0 ? 0 : model_->config().n_heads, 0.f);
+}
+
 void Context::set_segments(std::vector<Segment> segments) {
   const ModelConfig& c = model_->config();
   for (const auto& s : segments) {
@@ -237,6 +244,14 @@ void Context::attention(int l, int T) {
         sum += scores[i];
       }
       const float inv = float(1.0 / sum);
+      if (l == probe_layer_ && t == T - 1) {
+        double h_ent = 0;
+        for (int i = 0; i < S; i++) {
+          const double p = scores[i] * inv;
+          if (p > 0) h_ent -= p * std::log(p);
+        }
+        probe_entropy_[h] = float(h_ent);
+      }
       // Weighted values; value-scaled segments contribute alpha·V.
       std::fill(out, out + hd, 0.f);
       j = 0;

@@ -75,6 +75,8 @@ export interface NativeContextHandle {
   cancel(): void;
   setSegments(segments: NativeSegment[]): void;
   exportBlock(from: number, to: number): NativeKVBlockHandle;
+  setAttentionProbe(layer: number): void;
+  attentionEntropy(): Float32Array;
   dispose(): void;
   readonly nPast: number;
   readonly maxTokens: number;
