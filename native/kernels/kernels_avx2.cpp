@@ -89,6 +89,14 @@ DKI_AVX2 inline void tile_tokens(const void* W, DType wt, int in, int r, const f
 constexpr int kTokenBlock = 64;
 
 DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
+  if (T == 1) {
+    // Decode: nothing to reuse across tokens, so take four rows at once for four independent
+    // accumulator chains and more loads in flight.
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) tile<4, 1>(W, wt, in, r, x, ldx, 0, y, ldy);
+    for (; r < r1; r++) tile<1, 1>(W, wt, in, r, x, ldx, 0, y, ldy);
+    return;
+  }
   for (int tb = 0; tb < T; tb += kTokenBlock) {
     int te = tb + kTokenBlock < T ? tb + kTokenBlock : T;
     int r = r0;

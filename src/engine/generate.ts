@@ -1,0 +1,193 @@
+// The generation loop: prefill, then sample → decode one token at a time, streaming text,
+// honouring stop strings, EOS, the token limit and an AbortSignal. Each native call runs off
+// the main thread, so the event loop keeps turning between and during tokens.
+import { DkiArgumentError } from "../errors.js";
+import { LogitsMode, native, type NativeContextHandle } from "./native.js";
+import type { Model } from "./model.js";
+
+export interface SamplingOptions {
+  /** 0 = greedy (default). */
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  repetitionPenalty?: number;
+  /** How many recent tokens the repetition penalty looks at (default 64). */
+  repetitionWindow?: number;
+  seed?: number;
+}
+
+export interface GenerateOptions {
+  maxNewTokens?: number;
+  sampling?: SamplingOptions;
+  /** Generation ends when the text contains one of these; the stop string is not returned. */
+  stop?: string[];
+  /** Stop on the model's EOS tokens (default true). */
+  stopOnEos?: boolean;
+  /** Called with each new piece of text (UTF-8 safe, stop strings held back) and the token id. */
+  onToken?: (text: string, tokenId: number) => void;
+  signal?: AbortSignal;
+}
+
+export interface GenerationStats {
+  promptTokens: number;
+  segmentTokens: number;
+  generatedTokens: number;
+  prefillMs: number;
+  prefillTokPerS: number;
+  decodeMs: number;
+  decodeTokPerS: number;
+  timeToFirstTokenMs: number;
+  /** Entropy (nats) of the first next-token distribution. */
+  firstTokenEntropy: number;
+}
+
+export type FinishReason = "eos" | "stop" | "length" | "context";
+
+export interface GenerateResult {
+  text: string;
+  tokens: number[];
+  finishReason: FinishReason;
+  stats: GenerationStats;
+}
+
+/** Shannon entropy (nats) of softmax(logits). */
+export function entropy(logits: Float32Array): number {
+  let max = -Infinity;
+  for (const l of logits) if (l > max) max = l;
+  let z = 0;
+  for (const l of logits) z += Math.exp(l - max);
+  let h = 0;
+  for (const l of logits) {
+    const p = Math.exp(l - max) / z;
+    if (p > 0) h -= p * Math.log(p);
+  }
+  return h;
+}
+
+function samplingParams(s: SamplingOptions = {}) {
+  const p = {
+    temperature: s.temperature ?? 0,
+    topK: s.topK ?? 0,
+    topP: s.topP ?? 1,
+    repetitionPenalty: s.repetitionPenalty ?? 1,
+    seed: s.seed ?? 0,
+  };
+  if (!(p.temperature >= 0) || !Number.isFinite(p.temperature)) throw new DkiArgumentError(`temperature must be >= 0, got ${p.temperature}`);
+  if (!Number.isInteger(p.topK) || p.topK < 0) throw new DkiArgumentError(`topK must be a non-negative integer, got ${p.topK}`);
+  if (!(p.topP > 0 && p.topP <= 1)) throw new DkiArgumentError(`topP must be in (0, 1], got ${p.topP}`);
+  if (!(p.repetitionPenalty > 0) || !Number.isFinite(p.repetitionPenalty)) throw new DkiArgumentError(`repetitionPenalty must be > 0, got ${p.repetitionPenalty}`);
+  if (!Number.isSafeInteger(p.seed) || p.seed < 0) throw new DkiArgumentError(`seed must be a non-negative integer, got ${p.seed}`);
+  return p;
+}
+
+function abortError(signal: AbortSignal): unknown {
+  return signal.reason ?? new DOMException("generation aborted", "AbortError");
+}
+
+/** Evaluates tokens, cancelling the native work if the signal fires meanwhile. */
+async function evalAbortable(ctx: NativeContextHandle, tokens: number[], mode: LogitsMode, signal?: AbortSignal): Promise<Float32Array | null> {
+  if (signal?.aborted) throw abortError(signal);
+  const onAbort = () => ctx.cancel();
+  signal?.addEventListener("abort", onAbort, { once: true });
+  try {
+    return await ctx.eval(Int32Array.from(tokens), mode);
+  } catch (e) {
+    if (signal?.aborted) throw abortError(signal);
+    throw e;
+  } finally {
+    signal?.removeEventListener("abort", onAbort);
+  }
+}
+
+/**
+ * Runs a generation in a context whose position base and segments the caller has set
+ * (`ctx.reset(posBase)` / `ctx.setSegments`); the prompt goes in after any tokens already cached.
+ */
+export async function runGeneration(
+  model: Model,
+  ctx: NativeContextHandle,
+  prompt: number[],
+  opts: GenerateOptions,
+  segmentTokens: number,
+): Promise<GenerateResult> {
+  const maxNew = opts.maxNewTokens ?? 128;
+  if (!Number.isInteger(maxNew) || maxNew < 0) throw new DkiArgumentError(`maxNewTokens must be a non-negative integer, got ${maxNew}`);
+  const stops = (opts.stop ?? []).filter((s) => s.length > 0);
+  const eos = new Set(opts.stopOnEos === false ? [] : [...model.tokenizer.eosIds, ...model.config.eosTokenIds]);
+  const sampler = new (native().NativeSampler)(samplingParams(opts.sampling));
+  const window = opts.sampling?.repetitionWindow ?? 64;
+  if (ctx.nPast + prompt.length > ctx.maxTokens) {
+    throw new DkiArgumentError(`the prompt has ${prompt.length} tokens, more than the ${ctx.maxTokens - ctx.nPast} free positions of the context window`);
+  }
+
+  const t0 = performance.now();
+  let logits = (await evalAbortable(ctx, prompt, LogitsMode.Last, opts.signal))!;
+  const prefillMs = performance.now() - t0;
+  const firstTokenEntropy = entropy(logits);
+
+  const history = [...prompt];
+  const tokens: number[] = [];
+  const decoder = model.tokenizer.createStreamDecoder();
+  let text = "";
+  let emitted = 0; // characters of `text` already passed to onToken
+  const holdBack = stops.reduce((m, s) => Math.max(m, s.length - 1), 0);
+  let finishReason: FinishReason = "length";
+  let ttft = 0;
+  const tDecode = performance.now();
+
+  const emit = (upTo: number, id: number) => {
+    if (upTo > emitted) {
+      opts.onToken?.(text.slice(emitted, upTo), id);
+      emitted = upTo;
+    }
+  };
+
+  for (let i = 0; i < maxNew; i++) {
+    const id = sampler.sample(logits, Int32Array.from(history.slice(-window)));
+    if (i === 0) ttft = performance.now() - t0;
+    if (eos.has(id)) {
+      finishReason = "eos";
+      break;
+    }
+    tokens.push(id);
+    history.push(id);
+    text += decoder.push(id);
+    const hit = stops.map((s) => text.indexOf(s)).filter((p) => p >= 0);
+    if (hit.length > 0) {
+      text = text.slice(0, Math.min(...hit));
+      emit(text.length, id);
+      finishReason = "stop";
+      break;
+    }
+    emit(Math.max(emitted, text.length - holdBack), id);
+    if (i === maxNew - 1) break;
+    if (ctx.nPast >= ctx.maxTokens) {
+      finishReason = "context";
+      break;
+    }
+    logits = (await evalAbortable(ctx, [id], LogitsMode.Last, opts.signal))!;
+  }
+  if (finishReason !== "stop") {
+    text += decoder.flush();
+    emit(text.length, tokens[tokens.length - 1] ?? -1);
+  }
+  const decodeMs = performance.now() - tDecode;
+  // The first sampled token needs no decode step; only the evals after it count.
+  const decodeSteps = Math.max(0, tokens.length - 1);
+  return {
+    text,
+    tokens,
+    finishReason,
+    stats: {
+      promptTokens: prompt.length,
+      segmentTokens,
+      generatedTokens: tokens.length,
+      prefillMs,
+      prefillTokPerS: prompt.length / (prefillMs / 1000),
+      decodeMs,
+      decodeTokPerS: decodeSteps > 0 ? decodeSteps / (decodeMs / 1000) : 0,
+      timeToFirstTokenMs: ttft,
+      firstTokenEntropy,
+    },
+  };
+}

@@ -1,0 +1,290 @@
+// A loaded model: native weights + tokenizer + chat template, with the calls users make.
+import { readHfFolder } from "../formats/hf-folder.js";
+import type { ModelConfig } from "../formats/hf-config.js";
+import { DkiArgumentError } from "../errors.js";
+import { Tokenizer } from "../tokenizer/tokenizer.js";
+import type { ChatMessage } from "../tokenizer/chat-template.js";
+import { AsyncMutex } from "../util/async-mutex.js";
+import { LogitsMode, native, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
+import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
+import { KVBlock } from "../kv/kv-block.js";
+
+/** A K/V block injected into attention with its own strength. */
+export interface Segment {
+  kv: KVBlock;
+  /** Memory influence α (default 1). */
+  alpha?: number;
+  /** "value" (default): V ← α·V, keys untouched. "logit": ln α added to the block's attention scores. */
+  scaling?: "value" | "logit";
+}
+
+/**
+ * Where injected segments sit relative to the prompt: "negative" puts them at [-M, -1] and the
+ * prompt at 0 (the prompt keeps the positions it would have alone); "prefix" puts them at
+ * [0, M-1] and the prompt at M (exactly as if the memory text preceded the prompt).
+ */
+export type PositionStrategy = "negative" | "prefix";
+
+export interface InjectionOptions {
+  segments?: Segment[];
+  positions?: PositionStrategy;
+  /** Segments with α below this are not injected at all (default 0.1): the output is then the plain model's. */
+  alphaThreshold?: number;
+}
+
+export interface ComputeBlockOptions {
+  /** Position of the block's first token (default 0). */
+  startPos?: number;
+  /**
+   * Tokens encoded before the block but not kept (e.g. BOS + system prompt), so the block's
+   * keys/values are computed in the context they will be used in.
+   */
+  prefix?: number[];
+}
+
+export interface EntropyProbe {
+  /** Entropy in nats. */
+  nats: number;
+  /** nats divided by the largest possible entropy (ln of the number of outcomes), in [0, 1]. */
+  normalized: number;
+}
+
+export interface LoadOptions {
+  /** Worker threads for the engine (default: all cores). Applies process-wide. */
+  threads?: number;
+  /** Own-token window of the default context (default: min(config max positions, 4096)). */
+  contextSize?: number;
+}
+
+export interface ModelInfo {
+  dir: string;
+  config: ModelConfig;
+  fingerprint: string;
+  paramCount: number;
+  weightBytes: number;
+  dtypes: string[];
+}
+
+/** What to generate from: plain text, chat messages (rendered with the chat template) or token ids. */
+export type PromptInput = string | { messages: ChatMessage[] } | { tokens: number[] };
+
+export class Model {
+  private readonly ctxMutex = new AsyncMutex();
+  private defaultCtx: NativeContextHandle | null = null;
+
+  private constructor(
+    private handle: NativeModelHandle | null,
+    readonly tokenizer: Tokenizer,
+    readonly info: ModelInfo,
+    readonly contextSize: number,
+  ) {}
+
+  get config(): ModelConfig {
+    return this.info.config;
+  }
+
+  /** Loads a Hugging Face folder (config.json, safetensors, tokenizer.json). Off the main thread. */
+  static async load(dir: string, opts: LoadOptions = {}): Promise<Model> {
+    const files = await readHfFolder(dir);
+    const tokenizer = await Tokenizer.fromFolder(dir);
+    const addon = native();
+    if (opts.threads !== undefined) {
+      if (!Number.isInteger(opts.threads) || opts.threads < 0) throw new DkiArgumentError(`threads must be a non-negative integer, got ${opts.threads}`);
+      addon.setThreads(opts.threads);
+    }
+    const c = files.config;
+    const tensors: NativeTensorSpec[] = files.tensors.map((t) => ({ name: t.name, file: t.file, dtype: t.dtype, shape: t.shape, offset: t.offset, nbytes: t.nbytes }));
+    const handle = await addon.loadModel({
+      config: {
+        vocabSize: c.vocabSize,
+        hiddenSize: c.hiddenSize,
+        intermediateSize: c.intermediateSize,
+        numLayers: c.numLayers,
+        numHeads: c.numHeads,
+        numKvHeads: c.numKvHeads,
+        headDim: c.headDim,
+        rmsNormEps: c.rmsNormEps,
+        ropeTheta: c.ropeTheta,
+        tieWordEmbeddings: c.tieWordEmbeddings,
+        attentionBias: c.attentionBias,
+        ropeScaling: c.ropeScaling,
+      },
+      tensors,
+    });
+    const ni = handle.info();
+    const contextSize = opts.contextSize ?? Math.min(c.maxPositionEmbeddings, 4096);
+    if (!Number.isInteger(contextSize) || contextSize < 1) throw new DkiArgumentError(`contextSize must be a positive integer, got ${contextSize}`);
+    const info: ModelInfo = {
+      dir,
+      config: c,
+      fingerprint: ni.fingerprint,
+      paramCount: ni.paramCount,
+      weightBytes: ni.weightBytes,
+      dtypes: [...new Set(files.tensors.map((t) => t.dtype))],
+    };
+    return new Model(handle, tokenizer, info, contextSize);
+  }
+
+  /** The native handle, for K/V and context code in this package. */
+  nativeHandle(): NativeModelHandle {
+    if (!this.handle) throw new Error("model has been disposed");
+    return this.handle;
+  }
+
+  /** A fresh native context with its own K/V cache. */
+  createContext(maxTokens = this.contextSize): NativeContextHandle {
+    return new (native().NativeContext)(this.nativeHandle(), maxTokens);
+  }
+
+  /** Runs `fn` with the model's reusable context, one caller at a time. */
+  withContext<T>(fn: (ctx: NativeContextHandle) => Promise<T>): Promise<T> {
+    return this.ctxMutex.run(async () => {
+      this.defaultCtx ??= this.createContext();
+      return fn(this.defaultCtx);
+    });
+  }
+
+  /** Token ids for a prompt. Text gets the tokenizer's special tokens (BOS where the model uses one). */
+  encodePrompt(input: PromptInput): number[] {
+    if (typeof input === "string") return this.tokenizer.encode(input, { addSpecialTokens: true });
+    if ("tokens" in input) return input.tokens;
+    const text = this.tokenizer.applyChatTemplate(input.messages, { addGenerationPrompt: true });
+    return this.tokenizer.encode(text, { addSpecialTokens: false });
+  }
+
+  /** Computes a K/V block for text or token ids with this model. */
+  async computeBlock(input: string | number[], opts: ComputeBlockOptions = {}): Promise<KVBlock> {
+    const tokens = typeof input === "string" ? this.tokenizer.encode(input, { addSpecialTokens: false }) : input;
+    const prefix = opts.prefix ?? [];
+    const startPos = opts.startPos ?? 0;
+    if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
+    this.checkTokens(tokens);
+    if (prefix.length > 0) this.checkTokens(prefix);
+    const ctx = this.createContext(prefix.length + tokens.length);
+    try {
+      ctx.reset(startPos - prefix.length);
+      await ctx.eval(Int32Array.from([...prefix, ...tokens]), LogitsMode.None);
+      return new KVBlock(ctx.exportBlock(prefix.length, prefix.length + tokens.length), this.nativeHandle());
+    } finally {
+      ctx.dispose();
+    }
+  }
+
+  /**
+   * Installs the segments that pass the α threshold into ctx at the positions the strategy
+   * asks for; returns the blocks it made (remapped copies) so the caller can free them.
+   */
+  private async injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): Promise<{ made: KVBlock[]; segmentTokens: number }> {
+    const threshold = inj.alphaThreshold ?? 0.1;
+    if (!(threshold >= 0) || !Number.isFinite(threshold)) throw new DkiArgumentError(`alphaThreshold must be a finite number >= 0, got ${threshold}`);
+    const positions = inj.positions ?? "negative";
+    if (positions !== "negative" && positions !== "prefix") throw new DkiArgumentError(`positions must be "negative" or "prefix", got ${JSON.stringify(positions)}`);
+    const kept: Required<Segment>[] = [];
+    for (const s of inj.segments ?? []) {
+      const alpha = s.alpha ?? 1;
+      const scaling = s.scaling ?? "value";
+      if (!Number.isFinite(alpha) || alpha < 0) throw new DkiArgumentError(`segment alpha must be a finite number >= 0, got ${alpha}`);
+      if (scaling !== "value" && scaling !== "logit") throw new DkiArgumentError(`segment scaling must be "value" or "logit", got ${JSON.stringify(scaling)}`);
+      if (s.kv.fingerprint !== this.info.fingerprint) throw new DkiArgumentError("a segment's K/V block was computed by another model (fingerprint mismatch)");
+      if (alpha >= threshold && alpha > 0) kept.push({ kv: s.kv, alpha, scaling });
+    }
+    const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
+    let at = positions === "negative" ? -total : 0;
+    const made: KVBlock[] = [];
+    const placed = [];
+    for (const s of kept) {
+      let kv = s.kv;
+      if (kv.startPos !== at) {
+        kv = await kv.remap(at);
+        made.push(kv);
+      }
+      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit" });
+      at += s.kv.nTokens;
+    }
+    ctx.reset(positions === "negative" ? 0 : total);
+    ctx.setSegments(placed);
+    return { made, segmentTokens: total };
+  }
+
+  /** Runs fn in the shared context with the injection installed, then clears it. */
+  private withInjection<T>(inj: InjectionOptions, fn: (ctx: NativeContextHandle, segmentTokens: number) => Promise<T>): Promise<T> {
+    return this.withContext(async (ctx) => {
+      const { made, segmentTokens } = await this.injectSegments(ctx, inj);
+      try {
+        return await fn(ctx, segmentTokens);
+      } finally {
+        ctx.setSegments([]);
+        for (const b of made) b.dispose();
+      }
+    });
+  }
+
+  /** Logits of every position of `tokens`, [n][vocab], optionally with injected segments. */
+  async logits(tokens: number[], inj: InjectionOptions = {}): Promise<Float32Array[]> {
+    this.checkTokens(tokens);
+    return this.withInjection(inj, async (ctx) => {
+      const all = (await ctx.eval(Int32Array.from(tokens), LogitsMode.All))!;
+      const V = this.config.vocabSize;
+      return tokens.map((_, i) => all.subarray(i * V, (i + 1) * V));
+    });
+  }
+
+  /** Entropy of the next-token distribution after the input, without generating (a gating signal). */
+  async nextTokenEntropy(input: PromptInput, inj: InjectionOptions = {}): Promise<EntropyProbe> {
+    const tokens = this.encodePrompt(input);
+    this.checkTokens(tokens);
+    return this.withInjection(inj, async (ctx) => {
+      const nats = entropy((await ctx.eval(Int32Array.from(tokens), LogitsMode.Last))!);
+      return { nats, normalized: nats / Math.log(this.config.vocabSize) };
+    });
+  }
+
+  /**
+   * Attention entropy (nats, mean over query heads) of the last input token at one layer: how
+   * spread that layer's attention is, a model-uncertainty signal for gating. `normalized`
+   * divides by ln(number of attended positions).
+   */
+  async attentionEntropy(input: PromptInput, layer: number, inj: InjectionOptions = {}): Promise<EntropyProbe> {
+    const tokens = this.encodePrompt(input);
+    this.checkTokens(tokens);
+    if (!Number.isInteger(layer) || layer < 0 || layer >= this.config.numLayers) {
+      throw new DkiArgumentError(`layer must be an integer in 0..${this.config.numLayers - 1}, got ${layer}`);
+    }
+    return this.withInjection(inj, async (ctx, segmentTokens) => {
+      ctx.setAttentionProbe(layer);
+      try {
+        await ctx.eval(Int32Array.from(tokens), LogitsMode.None);
+        const perHead = ctx.attentionEntropy();
+        const nats = perHead.reduce((a, b) => a + b, 0) / perHead.length;
+        const attended = segmentTokens + tokens.length;
+        return { nats, normalized: attended > 1 ? nats / Math.log(attended) : 0 };
+      } finally {
+        ctx.setAttentionProbe(-1);
+      }
+    });
+  }
+
+  async generate(input: PromptInput, opts: GenerateOptions & InjectionOptions = {}): Promise<GenerateResult> {
+    const prompt = this.encodePrompt(input);
+    this.checkTokens(prompt);
+    return this.withInjection(opts, (ctx, segmentTokens) => runGeneration(this, ctx, prompt, opts, segmentTokens));
+  }
+
+  checkTokens(tokens: number[]): void {
+    if (tokens.length === 0) throw new DkiArgumentError("the prompt is empty");
+    if (tokens.length > this.contextSize) {
+      throw new DkiArgumentError(`the prompt has ${tokens.length} tokens, more than the ${this.contextSize}-token context window`);
+    }
+    const V = this.config.vocabSize;
+    for (const t of tokens) {
+      if (!Number.isInteger(t) || t < 0 || t >= V) throw new DkiArgumentError(`token id ${t} is outside the vocabulary (0..${V - 1})`);
+    }
+  }
+
+  dispose(): void {
+    this.defaultCtx?.dispose();
+    this.defaultCtx = null;
+    this.handle?.dispose();
+    this.handle = null;
+  }
+}

@@ -1,0 +1,132 @@
+// The generation loop: sampling, streaming, stop conditions, cancellation, and not blocking Node.
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { Model } from "../src/engine/model.js";
+import { makeTinyModel } from "../src/models/make-tiny.js";
+import { tempDir } from "./support/paths.js";
+
+let model: Model;
+let slow: Model;
+
+beforeAll(async () => {
+  const dir = tempDir();
+  await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, seed: 11 });
+  model = await Model.load(dir, { contextSize: 256 });
+  // Wide enough that a 1024-token prefill takes a noticeable time on any machine.
+  const slowDir = tempDir();
+  await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: slowDir, seed: 12, overrides: { hiddenSize: 512, intermediateSize: 1536, numLayers: 6, numHeads: 8, numKvHeads: 4, headDim: 64 } });
+  slow = await Model.load(slowDir, { contextSize: 1100 });
+});
+afterAll(() => {
+  model.dispose();
+  slow.dispose();
+});
+
+describe("generation", () => {
+  test("greedy decoding follows the argmax of the logits and is not degenerate", async () => {
+    const r = await model.generate("The capital of France is", { maxNewTokens: 24, stopOnEos: false });
+    expect(r.tokens).toHaveLength(24);
+    expect(r.finishReason).toBe("length");
+    const prompt = model.encodePrompt("The capital of France is");
+    const logits = await model.logits([...prompt, ...r.tokens.slice(0, -1)]);
+    r.tokens.forEach((t, i) => {
+      const row = logits[prompt.length - 1 + i];
+      let best = 0;
+      for (let j = 1; j < row.length; j++) if (row[j] > row[best]) best = j;
+      expect(t).toBe(best);
+    });
+    expect(new Set(r.tokens).size).toBeGreaterThan(6);
+  });
+
+  test("sampling is reproducible for a seed and varies across seeds", async () => {
+    const opts = (seed: number) => ({ maxNewTokens: 20, stopOnEos: false, sampling: { temperature: 1, topK: 50, topP: 0.95, seed } });
+    const a = await model.generate("Once upon a time", opts(1));
+    const b = await model.generate("Once upon a time", opts(1));
+    const c = await model.generate("Once upon a time", opts(2));
+    expect(a.tokens).toEqual(b.tokens);
+    expect(a.tokens).not.toEqual(c.tokens);
+  });
+
+  test("top-k 1 equals greedy; repetition penalty changes the output", async () => {
+    const greedy = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false });
+    const k1 = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false, sampling: { temperature: 0.7, topK: 1, seed: 5 } });
+    expect(k1.tokens).toEqual(greedy.tokens);
+    const pen = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false, sampling: { repetitionPenalty: 5 } });
+    expect(pen.tokens).not.toEqual(greedy.tokens);
+  });
+
+  test("streamed pieces concatenate to the returned text", async () => {
+    const pieces: string[] = [];
+    const r = await model.generate("Streaming test", { maxNewTokens: 30, stopOnEos: false, onToken: (t) => pieces.push(t) });
+    expect(pieces.join("")).toBe(r.text);
+    expect(r.text).toBe(model.tokenizer.decode(r.tokens, { skipSpecialTokens: false }));
+  });
+
+  test("a stop string ends generation and is not returned, nor streamed", async () => {
+    const full = await model.generate("Stop test", { maxNewTokens: 30, stopOnEos: false });
+    const stop = full.text.slice(10, 13);
+    expect(stop.length).toBe(3);
+    const pieces: string[] = [];
+    const r = await model.generate("Stop test", { maxNewTokens: 30, stopOnEos: false, stop: [stop], onToken: (t) => pieces.push(t) });
+    expect(r.finishReason).toBe("stop");
+    expect(r.text).toBe(full.text.slice(0, full.text.indexOf(stop)));
+    expect(pieces.join("")).toBe(r.text);
+  });
+
+  test("chat messages use the chat template", async () => {
+    const ids = model.encodePrompt({ messages: [{ role: "user", content: "hi" }] });
+    expect(model.tokenizer.decode(ids, { skipSpecialTokens: false })).toBe("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  });
+
+  test("stats are reported", async () => {
+    const r = await model.generate("Stats", { maxNewTokens: 8, stopOnEos: false });
+    expect(r.stats.promptTokens).toBe(model.encodePrompt("Stats").length);
+    expect(r.stats.generatedTokens).toBe(8);
+    expect(r.stats.prefillMs).toBeGreaterThan(0);
+    expect(r.stats.decodeTokPerS).toBeGreaterThan(0);
+    expect(r.stats.timeToFirstTokenMs).toBeGreaterThanOrEqual(r.stats.prefillMs);
+    expect(r.stats.firstTokenEntropy).toBeGreaterThan(0);
+  });
+
+  test("bad input gets clear errors", async () => {
+    await expect(model.generate("x", { sampling: { temperature: -1 } })).rejects.toThrow(/temperature/);
+    await expect(model.generate("x", { sampling: { topP: 0 } })).rejects.toThrow(/topP/);
+    await expect(model.generate({ tokens: [1, 2, 999999] })).rejects.toThrow(/outside the vocabulary/);
+    await expect(model.generate({ tokens: [] })).rejects.toThrow(/empty/);
+    await expect(model.generate({ tokens: Array(300).fill(5) })).rejects.toThrow(/context window/);
+    await expect(model.generate("x", { maxNewTokens: -2 })).rejects.toThrow(/maxNewTokens/);
+  });
+});
+
+describe("Node stays responsive", () => {
+  test("timers keep firing during a long prefill and generation", async () => {
+    let ticks = 0;
+    const timer = setInterval(() => ticks++, 5);
+    const t0 = performance.now();
+    const prompt = Array.from({ length: 1024 }, (_, i) => 100 + i);
+    await slow.generate({ tokens: prompt }, { maxNewTokens: 16, stopOnEos: false });
+    const ms = performance.now() - t0;
+    clearInterval(timer);
+    expect(ms).toBeGreaterThan(100);
+    // At least half the ticks a free event loop would see.
+    expect(ticks).toBeGreaterThan(ms / 5 / 2);
+  });
+
+  test("an AbortSignal cancels a running prefill and the model stays usable", async () => {
+    const ac = new AbortController();
+    const prompt = Array.from({ length: 1024 }, (_, i) => 100 + i);
+    setTimeout(() => ac.abort(), 20);
+    const t0 = performance.now();
+    await expect(slow.generate({ tokens: prompt }, { maxNewTokens: 64, signal: ac.signal })).rejects.toThrow(/abort/i);
+    const r = await slow.generate("still works", { maxNewTokens: 4, stopOnEos: false });
+    expect(r.tokens).toHaveLength(4);
+    expect(performance.now() - t0).toBeLessThan(60_000);
+  });
+
+  test("abort during decoding", async () => {
+    const ac = new AbortController();
+    let n = 0;
+    const p = model.generate("abort me", { maxNewTokens: 200, stopOnEos: false, signal: ac.signal, onToken: () => ++n === 5 && ac.abort() });
+    await expect(p).rejects.toThrow(/abort/i);
+    expect(n).toBeLessThan(10);
+  });
+});

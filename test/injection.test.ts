@@ -1,0 +1,173 @@
+// Generation with injected K/V segments: the exact identities of DKI, checked against full-text
+// runs and the float64 reference (test/reference/forward.ts).
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { Model } from "../src/engine/model.js";
+import { makeTinyModel } from "../src/models/make-tiny.js";
+import { KVBlock } from "../src/kv/kv-block.js";
+import { loadRefWeights, refForward, type RefSegment, type RefWeights } from "./reference/forward.js";
+import { maxAbsDiff, tempDir } from "./support/paths.js";
+
+let model: Model;
+let ref: RefWeights;
+const memory = [3, 1200, 77, 4501, 9, 18000, 256, 31, 40000, 12, 600, 7];
+const pref = [88, 2000, 5, 301, 46000];
+const prompt = [1, 450, 3000, 17, 9021, 44, 12000];
+
+beforeAll(async () => {
+  const dir = tempDir();
+  await makeTinyModel({ arch: "qwen2", preset: "tiny", dtype: "f32", out: dir, seed: 3, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16 } });
+  model = await Model.load(dir, { contextSize: 64 });
+  ref = await loadRefWeights(dir);
+});
+afterAll(() => model.dispose());
+
+const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(...a.map((row, i) => maxAbsDiff(row, b[i])));
+
+/** A reference segment from a native block's K/V (so only the injection math is under test). */
+function refSegment(b: KVBlock, alpha: number, scaling: "value" | "logit"): RefSegment {
+  const per = b.nKvHeads * b.nTokens * b.headDim;
+  const k = b.keys(), v = b.values();
+  return {
+    k: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(k.subarray(l * per, (l + 1) * per))),
+    v: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(v.subarray(l * per, (l + 1) * per))),
+    nTokens: b.nTokens,
+    alpha,
+    scaling,
+  };
+}
+
+describe("identities", () => {
+  test("α = 1, prefix positions: same logits as [memory ; prompt] in one sequence (≤ 1e-4)", async () => {
+    const full = (await model.logits([...memory, ...prompt])).slice(memory.length);
+    const kv = await model.computeBlock(memory);
+    const injected = await model.logits(prompt, { segments: [{ kv, alpha: 1 }], positions: "prefix" });
+    expect(maxRowDiff(full, injected)).toBeLessThan(1e-4);
+  });
+
+  test("negative positions give the same logits as prefix positions (≤ 1e-4)", async () => {
+    const kv = await model.computeBlock(memory);
+    const prefix = await model.logits(prompt, { segments: [{ kv, alpha: 1 }], positions: "prefix" });
+    const negative = await model.logits(prompt, { segments: [{ kv, alpha: 1 }], positions: "negative" });
+    expect(maxRowDiff(prefix, negative)).toBeLessThan(1e-4);
+    // The block computed directly at [-M, -1] needs no remap and gives the same again.
+    const atNeg = await model.computeBlock(memory, { startPos: -memory.length });
+    expect(atNeg.startPos).toBe(-memory.length);
+    expect(maxRowDiff(negative, await model.logits(prompt, { segments: [{ kv: atNeg }] }))).toBeLessThan(1e-4);
+  });
+
+  test("segments do not use the prompt's context window", async () => {
+    const long = Array.from({ length: 60 }, (_, i) => 100 + i);
+    const kv = await model.computeBlock(long);
+    const prompt60 = Array.from({ length: 60 }, (_, i) => 200 + i);
+    // 60 memory + 60 prompt tokens > 64-token window: fine, the window is the prompt's alone.
+    expect((await model.logits(prompt60, { segments: [{ kv }] })).length).toBe(60);
+  });
+});
+
+describe("α scaling against the float64 reference", () => {
+  test("value α = 0.35 equals the reference with V·α (≤ 1e-4)", async () => {
+    const kv = await model.computeBlock(memory, { startPos: -memory.length });
+    const got = await model.logits(prompt, { segments: [{ kv, alpha: 0.35 }] });
+    const want = refForward(ref, prompt, { startPos: 0, segments: [refSegment(kv, 0.35, "value")] }).logits;
+    expect(maxRowDiff(want, got)).toBeLessThan(1e-4);
+  });
+
+  test("logit α = 0.35 equals the reference with ln α on memory scores (≤ 1e-4)", async () => {
+    const kv = await model.computeBlock(memory, { startPos: -memory.length });
+    const got = await model.logits(prompt, { segments: [{ kv, alpha: 0.35, scaling: "logit" }] });
+    const want = refForward(ref, prompt, { startPos: 0, segments: [refSegment(kv, 0.35, "logit")] }).logits;
+    expect(maxRowDiff(want, got)).toBeLessThan(1e-4);
+  });
+
+  test("two segments (preference + memory), each with its own α and scaling, equal the reference", async () => {
+    const M = pref.length + memory.length;
+    const p = await model.computeBlock(pref, { startPos: -M });
+    const m = await model.computeBlock(memory, { startPos: -memory.length });
+    const got = await model.logits(prompt, { segments: [{ kv: p, alpha: 0.8 }, { kv: m, alpha: 0.4, scaling: "logit" }] });
+    const want = refForward(ref, prompt, { startPos: 0, segments: [refSegment(p, 0.8, "value"), refSegment(m, 0.4, "logit")] }).logits;
+    expect(maxRowDiff(want, got)).toBeLessThan(1e-4);
+  });
+
+  test("the reference's own memory K/V equal the native block's (independent check of compute)", async () => {
+    const kv = await model.computeBlock(memory, { startPos: -memory.length });
+    const r = refForward(ref, memory, { startPos: -memory.length });
+    const per = kv.nKvHeads * kv.nTokens * kv.headDim;
+    for (let l = 0; l < kv.nLayers; l++) {
+      expect(maxAbsDiff(r.k[l], kv.keys().subarray(l * per, (l + 1) * per))).toBeLessThan(1e-4);
+      expect(maxAbsDiff(r.v[l], kv.values().subarray(l * per, (l + 1) * per))).toBeLessThan(1e-4);
+    }
+  });
+
+  test("logit α → 1e-30 converges to the no-memory logits", async () => {
+    const kv = await model.computeBlock(memory);
+    const none = await model.logits(prompt);
+    const tiny = await model.logits(prompt, { segments: [{ kv, alpha: 1e-30, scaling: "logit" }], alphaThreshold: 0 });
+    expect(maxRowDiff(none, tiny)).toBeLessThan(1e-5);
+  });
+
+  test("α below the threshold injects nothing: output byte-identical to no memory", async () => {
+    const kv = await model.computeBlock(memory);
+    const none = await model.logits(prompt);
+    for (const alpha of [0, 0.05, 0.0999]) {
+      const cut = await model.logits(prompt, { segments: [{ kv, alpha }], positions: "prefix" });
+      cut.forEach((row, i) => expect(Buffer.from(row.buffer, row.byteOffset, row.byteLength).equals(Buffer.from(none[i].buffer, none[i].byteOffset, none[i].byteLength))).toBe(true));
+    }
+    const g0 = await model.generate({ tokens: prompt }, { maxNewTokens: 16 });
+    const g1 = await model.generate({ tokens: prompt }, { maxNewTokens: 16, segments: [{ kv, alpha: 0.05 }] });
+    expect(g1.tokens).toEqual(g0.tokens);
+    expect(g1.stats.segmentTokens).toBe(0);
+  });
+
+  test("value α → 0 does not converge to the no-memory output (documented behaviour)", async () => {
+    const kv = await model.computeBlock(memory);
+    const none = await model.logits(prompt);
+    const tiny = await model.logits(prompt, { segments: [{ kv, alpha: 1e-6 }], alphaThreshold: 0 });
+    expect(maxRowDiff(none, tiny)).toBeGreaterThan(1e-3);
+  });
+});
+
+describe("storage forms", () => {
+  test("int8 / bf16 / f16 restored blocks: bounded logit error, greedy agreement", async () => {
+    const kv = await model.computeBlock(memory, { startPos: -memory.length });
+    const base = await model.logits(prompt, { segments: [{ kv }] });
+    const baseGen = await model.generate({ tokens: prompt }, { maxNewTokens: 32, segments: [{ kv }], stopOnEos: false });
+    // Measured on this model (logits up to ±18): f16 3.0e-3, bf16 2.2e-2, int8 9.7e-2 max abs; greedy 100% for all.
+    const bounds = { f16: 1e-2, bf16: 6e-2, int8: 1.5e-1 } as const;
+    const spread = Math.max(...base.map((r) => Math.max(...Array.from(r, Math.abs))));
+    for (const storage of ["f16", "bf16", "int8"] as const) {
+      const restored = await KVBlock.deserialize(model.nativeHandle(), await kv.serialize(storage));
+      const got = await model.logits(prompt, { segments: [{ kv: restored }] });
+      const err = maxRowDiff(base, got);
+      console.log(`${storage} K/V: max abs logit error ${err.toExponential(2)} (logits up to ±${spread.toFixed(2)})`);
+      expect(err, storage).toBeLessThan(bounds[storage]);
+      const gen = await model.generate({ tokens: prompt }, { maxNewTokens: 32, segments: [{ kv: restored }], stopOnEos: false });
+      const agree = gen.tokens.filter((t, i) => t === baseGen.tokens[i]).length / baseGen.tokens.length;
+      console.log(`${storage} K/V: greedy agreement ${(agree * 100).toFixed(0)}% over ${baseGen.tokens.length} tokens`);
+      expect(agree, storage).toBeGreaterThanOrEqual(0.9);
+    }
+  });
+});
+
+describe("probes and errors", () => {
+  test("next-token and attention entropy", async () => {
+    const e = await model.nextTokenEntropy({ tokens: prompt });
+    expect(e.nats).toBeGreaterThan(0);
+    expect(e.normalized).toBeGreaterThan(0);
+    expect(e.normalized).toBeLessThanOrEqual(1);
+    const a = await model.attentionEntropy({ tokens: prompt }, 1);
+    expect(a.nats).toBeGreaterThan(0);
+    expect(a.normalized).toBeLessThanOrEqual(1 + 1e-6);
+    const kv = await model.computeBlock(memory);
+    const withMem = await model.attentionEntropy({ tokens: prompt }, 1, { segments: [{ kv }] });
+    expect(withMem.nats).not.toBeCloseTo(a.nats, 6);
+    await expect(model.attentionEntropy({ tokens: prompt }, 99)).rejects.toThrow(/layer must be/);
+  });
+
+  test("invalid α, scaling and positions are refused", async () => {
+    const kv = await model.computeBlock(memory);
+    await expect(model.logits(prompt, { segments: [{ kv, alpha: -1 }] })).rejects.toThrow(/alpha/);
+    await expect(model.logits(prompt, { segments: [{ kv, alpha: NaN }] })).rejects.toThrow(/alpha/);
+    await expect(model.logits(prompt, { segments: [{ kv, scaling: "keys" as "value" }] })).rejects.toThrow(/scaling/);
+    await expect(model.logits(prompt, { segments: [{ kv }], positions: "middle" as "prefix" })).rejects.toThrow(/positions/);
+  });
+});
