@@ -208,9 +208,16 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     exports.Set("NativeKVBlock", f);
   }
   explicit BlockWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<BlockWrap>(info) {}
+  ~BlockWrap() override { release(); }
   static Napi::Object Wrap(std::shared_ptr<const KVBlock> b) {
     Napi::Object obj = ctor.New({});
-    Unwrap(obj)->block_ = std::move(b);
+    BlockWrap* w = Unwrap(obj);
+    // Tell V8 how much native memory hangs off this small object, so undisposed blocks are
+    // collected under memory pressure.
+    w->external_ = int64_t((b->k.size() + b->v.size()) * sizeof(float));
+    Napi::MemoryManagement::AdjustExternalMemory(obj.Env(), w->external_);
+    w->env_ = obj.Env();
+    w->block_ = std::move(b);
     return obj;
   }
   std::shared_ptr<const KVBlock> block(Napi::Env env) const {
@@ -238,8 +245,13 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     return o;
   }
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
-    block_.reset();
+    release();
     return info.Env().Undefined();
+  }
+  void release() {
+    if (external_ && env_) Napi::MemoryManagement::AdjustExternalMemory(env_, -external_);
+    external_ = 0;
+    block_.reset();
   }
 
  public:
@@ -281,6 +293,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     return a;
   }
   std::shared_ptr<const KVBlock> block_;
+  int64_t external_ = 0;
+  napi_env env_ = nullptr;
 };
 Napi::FunctionReference BlockWrap::ctor;
 
