@@ -186,10 +186,12 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
     rmsnorm(x_.data(), L.ffn_norm, c.rms_norm_eps, T, D, xn_.data());
     linear(L.w_gate, xn_.data(), T, gate_.data());
     linear(L.w_up, xn_.data(), T, up_.data());
-    for (size_t i = 0; i < size_t(T) * F; i++) {
-      const float g = gate_[i];
-      gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
-    }
+    thread_pool().parallel_for(T * F, 256, [&](int b, int e) {
+      for (int i = b; i < e; i++) {
+        const float g = gate_[i];
+        gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
+      }
+    });
     linear(L.w_down, gate_.data(), T, xn_.data());
     for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
   }
@@ -220,20 +222,26 @@ void Context::attention(int l, int T) {
     thread_local std::vector<float> scores;
     scores.resize(max_s);
     for (int item = begin; item < end; item++) {
-      const int h = item % H, t = item / H, kvh = h / group;
+      // Head-major order: each thread gets whole heads, so the causal triangle's cost (later
+      // tokens attend to more) is split evenly.
+      const int h = item / T, t = item % T, kvh = h / group;
       const float* q = &q_[(size_t(t) * H + h) * hd];
       float* out = &attn_[(size_t(t) * H + h) * hd];
       // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
       int j = 0;
       for (const auto& s : segments_) {
         const KVBlock& b = *s.block;
-        const float* kb = b.k_layer(l) + size_t(kvh) * b.n_tokens * hd;
-        const float bias = s.logit_scaling ? std::log(s.alpha) : 0.f;
-        for (int i = 0; i < b.n_tokens; i++) scores[j++] = K.dot(q, kb + size_t(i) * hd, hd) * scale + bias;
+        K.scores(q, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
+        if (s.logit_scaling) {
+          const float bias = std::log(s.alpha);
+          for (int i = 0; i < b.n_tokens; i++) scores[j + i] += bias;
+        }
+        j += b.n_tokens;
       }
       const float* kc = &k_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
       const int own = past + t + 1;
-      for (int i = 0; i < own; i++) scores[j++] = K.dot(q, kc + size_t(i) * hd, hd) * scale;
+      K.scores(q, kc, own, hd, scale, &scores[j]);
+      j += own;
       const int S = j;
       // Softmax over all S columns.
       float mx = -INFINITY;
@@ -253,16 +261,18 @@ void Context::attention(int l, int T) {
         probe_entropy_[h] = float(h_ent);
       }
       // Weighted values; value-scaled segments contribute alpha·V.
+      for (int i = 0; i < S; i++) scores[i] *= inv;
       std::fill(out, out + hd, 0.f);
       j = 0;
       for (const auto& s : segments_) {
         const KVBlock& b = *s.block;
-        const float* vb = b.v_layer(l) + size_t(kvh) * b.n_tokens * hd;
-        const float w = (s.logit_scaling ? 1.f : s.alpha) * inv;
-        for (int i = 0; i < b.n_tokens; i++) K.axpy(scores[j++] * w, vb + size_t(i) * hd, out, hd);
+        if (!s.logit_scaling && s.alpha != 1.f)
+          for (int i = 0; i < b.n_tokens; i++) scores[j + i] *= s.alpha;
+        K.weighted_sum(&scores[j], b.v_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, out);
+        j += b.n_tokens;
       }
       const float* vc = &v_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
-      for (int i = 0; i < own; i++) K.axpy(scores[j++] * inv, vc + size_t(i) * hd, out, hd);
+      K.weighted_sum(&scores[j], vc, own, hd, out);
     }
   });
 }

@@ -131,15 +131,15 @@ describe("storage forms", () => {
     const kv = await model.computeBlock(memory, { startPos: -memory.length });
     const base = await model.logits(prompt, { segments: [{ kv }] });
     const baseGen = await model.generate({ tokens: prompt }, { maxNewTokens: 32, segments: [{ kv }], stopOnEos: false });
-    // Measured on this model (logits up to ±18): f16 3.0e-3, bf16 2.2e-2, int8 9.7e-2 max abs; greedy 100% for all.
-    const bounds = { f16: 1e-2, bf16: 6e-2, int8: 1.5e-1 } as const;
+    // Bounds relative to the largest |logit|; measured values are logged (README states them).
+    const bounds = { f16: 2e-3, bf16: 1e-2, int8: 3e-2 } as const;
     const spread = Math.max(...base.map((r) => Math.max(...Array.from(r, Math.abs))));
     for (const storage of ["f16", "bf16", "int8"] as const) {
       const restored = await KVBlock.deserialize(model.nativeHandle(), await kv.serialize(storage));
       const got = await model.logits(prompt, { segments: [{ kv: restored }] });
       const err = maxRowDiff(base, got);
       console.log(`${storage} K/V: max abs logit error ${err.toExponential(2)} (logits up to ±${spread.toFixed(2)})`);
-      expect(err, storage).toBeLessThan(bounds[storage]);
+      expect(err / spread, storage).toBeLessThan(bounds[storage]);
       const gen = await model.generate({ tokens: prompt }, { maxNewTokens: 32, segments: [{ kv: restored }], stopOnEos: false });
       const agree = gen.tokens.filter((t, i) => t === baseGen.tokens[i]).length / baseGen.tokens.length;
       console.log(`${storage} K/V: greedy agreement ${(agree * 100).toFixed(0)}% over ${baseGen.tokens.length} tokens`);

@@ -17,6 +17,10 @@ struct Kernels {
   float (*dot)(const float* a, const float* b, int n);
   // y += a * x
   void (*axpy)(float a, const float* x, float* y, int n);
+  // out[i] = scale * (q · k[i]) for n keys of length hd stored contiguously
+  void (*scores)(const float* q, const float* k, int n, int hd, float scale, float* out);
+  // out += sum_i w[i] * v[i] for n value rows of length hd stored contiguously
+  void (*weighted_sum)(const float* w, const float* v, int n, int hd, float* out);
 };
 
 const Kernels& kernels_scalar();

@@ -1,7 +1,9 @@
-// AVX2 + FMA + F16C kernels. Only this file is compiled for those instructions (through the
-// target attribute, not -march), and it calls nothing outside itself, so no AVX2 code leaks
-// into shared inline functions that a CPU without AVX2 might execute.
+// AVX2 + FMA + F16C kernels. Only the functions marked DKI_AVX2 are compiled for those
+// instructions (through the target attribute, not -march). Shared code they call (std::vector)
+// is compiled for the baseline, so no AVX2 instruction leaks into code other CPUs execute.
 #include <immintrin.h>
+
+#include <vector>
 
 #include "kernels.h"
 
@@ -87,6 +89,15 @@ DKI_AVX2 inline void tile_tokens(const void* W, DType wt, int in, int r, const f
 // Tokens are processed in blocks small enough that their activations stay in L2 while every row
 // of this thread's range streams past them once.
 constexpr int kTokenBlock = 64;
+// Rows converted to fp32 at a time during prefill (they stay in L1 across the token block).
+constexpr int kRowBlock = 4;
+
+DKI_AVX2 void convert_rows(const void* W, DType wt, int in, int r, int n, float* out) {
+  const size_t base = size_t(r) * in, count = size_t(n) * in;
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load8(W, wt, base + i));
+  for (; i < count; i++) out[i] = load1(W, wt, base + i);
+}
 
 DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
   if (T == 1) {
@@ -97,13 +108,31 @@ DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const floa
     for (; r < r1; r++) tile<1, 1>(W, wt, in, r, x, ldx, 0, y, ldy);
     return;
   }
+  // Prefill: half-precision rows are converted to fp32 once per token block, not once per
+  // four tokens; the micro-kernel then reads plain floats. The row buffer is per thread.
+  thread_local std::vector<float> rows;
+  if (wt != DType::F32) rows.resize(size_t(kRowBlock) * in);
   for (int tb = 0; tb < T; tb += kTokenBlock) {
-    int te = tb + kTokenBlock < T ? tb + kTokenBlock : T;
-    int r = r0;
-    for (; r + 2 <= r1; r += 2)
-      for (int t = tb; t < te; t += 4) tile_tokens<2>(W, wt, in, r, x, ldx, t, te - t < 4 ? te - t : 4, y, ldy);
-    for (; r < r1; r++)
-      for (int t = tb; t < te; t += 4) tile_tokens<1>(W, wt, in, r, x, ldx, t, te - t < 4 ? te - t : 4, y, ldy);
+    const int te = tb + kTokenBlock < T ? tb + kTokenBlock : T;
+    for (int rb = r0; rb < r1; rb += kRowBlock) {
+      const int nr = rb + kRowBlock < r1 ? kRowBlock : r1 - rb;
+      const void* src = W;
+      DType st = wt;
+      int base_row = rb;
+      if (wt != DType::F32) {
+        convert_rows(W, wt, in, rb, nr, rows.data());
+        src = rows.data();
+        st = DType::F32;
+        base_row = 0;
+      }
+      // The tile writes y[.., r + a]; shift y so rows of the buffer land on rows rb...
+      float* yb = y + (rb - base_row);
+      int r = 0;
+      for (; r + 2 <= nr; r += 2)
+        for (int t = tb; t < te; t += 4) tile_tokens<2>(src, st, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
+      for (; r < nr; r++)
+        for (int t = tb; t < te; t += 4) tile_tokens<1>(src, st, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
+    }
   }
 }
 
@@ -127,10 +156,53 @@ DKI_AVX2 void axpy(float a, const float* x, float* y, int n) {
   for (; i < n; i++) y[i] += a * x[i];
 }
 
+DKI_AVX2 void scores(const float* q, const float* k, int n, int hd, float scale, float* out) {
+  if (hd % 8 != 0) {
+    for (int i = 0; i < n; i++) out[i] = dot(q, k + size_t(i) * hd, hd) * scale;
+    return;
+  }
+  // Four keys at a time against the same query chunk.
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* k0 = k + size_t(i) * hd;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < hd; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + c);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + c), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + c), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + c), a3);
+    }
+    out[i] = hsum(a0) * scale;
+    out[i + 1] = hsum(a1) * scale;
+    out[i + 2] = hsum(a2) * scale;
+    out[i + 3] = hsum(a3) * scale;
+  }
+  for (; i < n; i++) out[i] = dot(q, k + size_t(i) * hd, hd) * scale;
+}
+
+DKI_AVX2 void weighted_sum(const float* w, const float* v, int n, int hd, float* out) {
+  if (hd % 8 != 0 || hd > 256) {
+    for (int i = 0; i < n; i++) axpy(w[i], v + size_t(i) * hd, out, hd);
+    return;
+  }
+  // Accumulate the whole output row in registers (hd ≤ 256 → at most 32 ymm... kept in a
+  // stack array the compiler keeps hot), one pass over the value rows.
+  __m256 acc[32];
+  const int chunks = hd / 8;
+  for (int c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(out + 8 * c);
+  for (int i = 0; i < n; i++) {
+    const __m256 wv = _mm256_set1_ps(w[i]);
+    const float* vi = v + size_t(i) * hd;
+    for (int c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vi + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", matmul, dot, axpy};
+  static const Kernels k{"avx2", matmul, dot, axpy, scores, weighted_sum};
   return k;
 }
 

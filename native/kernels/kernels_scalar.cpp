@@ -37,10 +37,18 @@ void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+void scores(const float* q, const float* k, int n, int hd, float scale, float* out) {
+  for (int i = 0; i < n; i++) out[i] = dot(q, k + size_t(i) * hd, hd) * scale;
+}
+
+void weighted_sum(const float* w, const float* v, int n, int hd, float* out) {
+  for (int i = 0; i < n; i++) axpy(w[i], v + size_t(i) * hd, out, hd);
+}
+
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, dot, axpy};
+  static const Kernels k{"scalar", matmul, dot, axpy, scores, weighted_sum};
   return k;
 }
 
