@@ -1,6 +1,7 @@
 // The generation loop: sampling, streaming, stop conditions, cancellation, and not blocking Node.
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
+import { native } from "../src/engine/native.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { tempDir } from "./support/paths.js";
 
@@ -46,12 +47,21 @@ describe("generation", () => {
     expect(a.tokens).not.toEqual(c.tokens);
   });
 
-  test("top-k 1 equals greedy; repetition penalty changes the output", async () => {
+  test("top-k 1 equals greedy", async () => {
     const greedy = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false });
     const k1 = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false, sampling: { temperature: 0.7, topK: 1, seed: 5 } });
     expect(k1.tokens).toEqual(greedy.tokens);
-    const pen = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false, sampling: { repetitionPenalty: 5 } });
-    expect(pen.tokens).not.toEqual(greedy.tokens);
+  });
+
+  test("repetition penalty follows the HF convention (positive logits divided, negative multiplied, once per token)", () => {
+    const greedyWith = (penalty: number, logits: number[], recent: number[]) =>
+      new (native().NativeSampler)({ temperature: 0, topK: 0, topP: 1, repetitionPenalty: penalty, seed: 0 }).sample(Float32Array.from(logits), Int32Array.from(recent));
+    expect(greedyWith(1, [2.0, 1.9, -1], [0])).toBe(0);
+    expect(greedyWith(2, [2.0, 1.9, -1], [0])).toBe(1); // 2.0 / 2 < 1.9
+    expect(greedyWith(2, [-1, -1.5], [0])).toBe(1); // -1 * 2 < -1.5
+    expect(greedyWith(2, [3.0, 1.6], [0, 0, 0])).toBe(1); // 3 / 2 (not / 8) < 1.6 ... penalised once
+    expect(greedyWith(2, [3.0, 1.4], [0, 0, 0])).toBe(0);
+    expect(greedyWith(2, [2.0, 1.9], [7, -3])).toBe(0); // out-of-range ids are ignored
   });
 
   test("streamed pieces concatenate to the returned text", async () => {

@@ -1,0 +1,31 @@
+// Writes a benchmark's results as JSON and as a Markdown table under bench/results/.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const resultsDir = join(dirname(fileURLToPath(import.meta.url)), "..", "results");
+
+export function writeResults(name, { machine, rows, columns, notes = [] }) {
+  mkdirSync(resultsDir, { recursive: true });
+  writeFileSync(join(resultsDir, `${name}.json`), JSON.stringify({ machine, rows, notes }, null, 2) + "\n");
+  const md = [
+    `# ${name}`,
+    "",
+    `Machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, flags ${machine.cpuFlags.join(" ")}; ` +
+      `SIMD path ${machine.simd}, ${machine.threads} threads; Node ${machine.node}; ${machine.date}`,
+    "",
+    `| ${columns.join(" | ")} |`,
+    `| ${columns.map(() => "---").join(" | ")} |`,
+    ...rows.map((r) => `| ${columns.map((c) => fmt(r[c])).join(" | ")} |`),
+    "",
+    ...notes.map((n) => `- ${n}`),
+    "",
+  ].join("\n");
+  writeFileSync(join(resultsDir, `${name}.md`), md);
+  process.stdout.write(md + "\n");
+}
+
+function fmt(v) {
+  if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 3 : 1);
+  return String(v ?? "");
+}

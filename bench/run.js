@@ -1,0 +1,19 @@
+// npm run bench [-- NAME...]: runs the named suites (default: all) one after another.
+import { spawnSync } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const suites = { engine: "engine.js", injection: "injection.js" };
+const args = process.argv.slice(2);
+const names = args.filter((a) => !a.startsWith("--"));
+const flags = args.filter((a) => a.startsWith("--"));
+for (const name of names.length ? names : Object.keys(suites)) {
+  const file = suites[name];
+  if (!file) {
+    console.error(`unknown bench suite "${name}" (known: ${Object.keys(suites).join(", ")})`);
+    process.exit(1);
+  }
+  const r = spawnSync(process.execPath, [join(here, file), ...flags], { stdio: "inherit" });
+  if (r.status !== 0) process.exit(r.status ?? 1);
+}

@@ -1,0 +1,11 @@
+// Public API of dki-engine.
+export { Model, type LoadOptions, type ModelInfo, type PromptInput, type Segment, type PositionStrategy, type InjectionOptions, type ComputeBlockOptions, type EntropyProbe } from "./engine/model.js";
+export { entropy, type GenerateOptions, type GenerateResult, type GenerationStats, type SamplingOptions, type FinishReason } from "./engine/generate.js";
+export { native } from "./engine/native.js";
+export { KVBlock, type KVStorage } from "./kv/kv-block.js";
+export { Tokenizer } from "./tokenizer/tokenizer.js";
+export type { ChatMessage } from "./tokenizer/chat-template.js";
+export { parseHfConfig, type ModelConfig, type Arch } from "./formats/hf-config.js";
+export { readHfFolder, type HfModelFiles } from "./formats/hf-folder.js";
+export { readSafetensorsHeader, writeSafetensors, type TensorInfo } from "./formats/safetensors.js";
+export { FormatError, DkiArgumentError } from "./errors.js";

@@ -1,0 +1,71 @@
+// `dki models ...` run in-process through commander: output, option validation, and errors as
+// one `dki: message` line with exit status 1.
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { Command } from "commander";
+import { afterEach, expect, test, vi } from "vitest";
+import { registerModelsCommand } from "../src/cli/models.js";
+import { tempDir } from "./support/paths.js";
+
+async function dki(...args: string[]): Promise<{ stdout: string; stderr: string; exitCode: number }> {
+  let stdout = "";
+  let stderr = "";
+  const out = vi.spyOn(process.stdout, "write").mockImplementation((s: string | Uint8Array) => ((stdout += String(s)), true));
+  const err = vi.spyOn(process.stderr, "write").mockImplementation((s: string | Uint8Array) => ((stderr += String(s)), true));
+  const program = new Command().name("dki").exitOverride();
+  registerModelsCommand(program);
+  let exitCode = 0;
+  try {
+    await program.parseAsync(["node", "dki", ...args]);
+    exitCode = Number(process.exitCode ?? 0);
+  } catch {
+    exitCode = 1; // commander's own usage errors (exitOverride throws instead of exiting)
+  } finally {
+    out.mockRestore();
+    err.mockRestore();
+    process.exitCode = undefined;
+  }
+  return { stdout, stderr, exitCode };
+}
+
+afterEach(() => {
+  process.exitCode = undefined;
+});
+
+test("make-tiny then info --format json", async () => {
+  const dir = join(tempDir(), "m");
+  const made = await dki("models", "make-tiny", "--out", dir, "--arch", "qwen2", "--dtype", "f16", "--seed", "4", "--shards", "2");
+  expect(made.exitCode).toBe(0);
+  expect(made.stdout).toMatch(/^wrote .*: qwen2 tiny f16, 6,382,656 parameters, .* in 2 files/);
+  expect(existsSync(join(dir, "model.safetensors.index.json"))).toBe(true);
+  const info = await dki("models", "info", dir, "--format", "json");
+  expect(info.exitCode).toBe(0);
+  expect(JSON.parse(info.stdout)).toMatchObject({ arch: "qwen2", parameterCount: 6382656, dtypes: ["F16"], bias: true });
+  const text = await dki("models", "info", dir);
+  expect(text.stdout).toContain("q/k/v biases");
+});
+
+test("bad option values are refused with the allowed values", async () => {
+  const r = await dki("models", "make-tiny", "--out", tempDir(), "--dtype", "f8");
+  expect(r.exitCode).toBe(1);
+  expect(r.stderr).toContain("--dtype must be one of f32, f16, bf16");
+  const s = await dki("models", "make-tiny", "--out", tempDir(), "--shards", "0");
+  expect(s.stderr).toContain("--shards must be an integer >= 1");
+});
+
+test("errors print `dki: message` without a stack trace", async () => {
+  const r = await dki("models", "info", join(tempDir(), "missing"));
+  expect(r.exitCode).toBe(1);
+  expect(r.stderr).toMatch(/^dki: .*config\.json: cannot read \(ENOENT\)\n$/);
+  const p = await dki("models", "pull", "nope", "--dir", tempDir());
+  expect(p.stderr).toBe('dki: unknown model "nope"; known models: smollm2-135m-instruct, qwen2.5-0.5b-instruct\n');
+  const h = await dki("models", "pull", "smollm2-135m-instruct", "--dir", tempDir(), "--hub-url", "not a url");
+  expect(h.stderr).toMatch(/^dki: hub URL must be an http\(s\) URL/);
+});
+
+test("list names the registry models", async () => {
+  const r = await dki("models", "list", "--format", "json");
+  const rows = JSON.parse(r.stdout) as { name: string; repo: string }[];
+  expect(rows.map((m) => m.name)).toEqual(["smollm2-135m-instruct", "qwen2.5-0.5b-instruct"]);
+  expect((await dki("models", "list")).stdout).toContain("HuggingFaceTB/SmolLM2-135M-Instruct");
+});
