@@ -60,3 +60,22 @@ describe.each(variants)("$name", (v) => {
     expect(diff).toBeLessThan(1e-4);
   });
 });
+
+describe("sharded checkpoints", () => {
+  test("a BF16 model split over 3 safetensors shards loads and gives the same logits as one file", async () => {
+    const one = tempDir();
+    const three = tempDir();
+    const shape = { numLayers: 3, numHeads: 4, numKvHeads: 2, headDim: 16 };
+    await makeTinyModel({ arch: "qwen2", preset: "tiny", dtype: "bf16", out: one, seed: 5, overrides: shape });
+    await makeTinyModel({ arch: "qwen2", preset: "tiny", dtype: "bf16", out: three, seed: 5, overrides: shape, shards: 3 });
+    const a = await Model.load(one, { contextSize: 32 });
+    const b = await Model.load(three, { contextSize: 32 });
+    loaded.push(a, b);
+    expect(b.info.fingerprint).toBe(a.info.fingerprint);
+    const la = await a.logits(prompt);
+    const lb = await b.logits(prompt);
+    expect(Math.max(...la.map((row, i) => maxAbsDiff(row, lb[i])))).toBe(0);
+    const want = refForward(await loadRefWeights(three), prompt).logits;
+    expect(Math.max(...want.map((row, i) => maxAbsDiff(row, lb[i])))).toBeLessThan(1e-4);
+  });
+});
