@@ -119,8 +119,12 @@ Napi::FunctionReference ModelWrap::ctor;
 
 class LoadWorker : public PromiseWorker {
  public:
-  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs) : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)) {}
-  void Run() override { model_ = std::make_shared<const Model>(cfg_, specs_); }
+  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize)
+      : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize) {}
+  void Run() override {
+    std::lock_guard<std::mutex> lock(g_compute);  // quantising uses the thread pool
+    model_ = std::make_shared<const Model>(cfg_, specs_, quantize_);
+  }
   Napi::Value Resolve(Napi::Env env) override {
     Napi::Object obj = ModelWrap::ctor.New({});
     ModelWrap::Unwrap(obj)->set(model_);
@@ -130,10 +134,11 @@ class LoadWorker : public PromiseWorker {
  private:
   ModelConfig cfg_;
   std::vector<TensorSpec> specs_;
+  DType quantize_;
   std::shared_ptr<const Model> model_;
 };
 
-// loadModel({ config, tensors: [{ name, file, dtype, shape, offset, nbytes }] }) → Promise<NativeModel>
+// loadModel({ config, tensors: [{ name, file, dtype, shape, offset, nbytes }], quantize?: "none" | "q8_0" }) → Promise<NativeModel>
 Napi::Value LoadModel(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsObject()) throw_type(env, "loadModel expects a spec object");
@@ -152,6 +157,7 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
   cfg.rope_theta = get_number(c, "ropeTheta");
   cfg.tie_word_embeddings = get_bool(c, "tieWordEmbeddings");
   cfg.attention_bias = get_bool(c, "attentionBias");
+  cfg.rope_interleaved = c.Has("ropeInterleaved") && !c.Get("ropeInterleaved").IsUndefined() && get_bool(c, "ropeInterleaved");
   Napi::Value rs = c.Get("ropeScaling");
   if (rs.IsObject()) {
     Napi::Object r = rs.As<Napi::Object>();
@@ -173,6 +179,7 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
     if (dt == "F32") s.dtype = DType::F32;
     else if (dt == "F16") s.dtype = DType::F16;
     else if (dt == "BF16") s.dtype = DType::BF16;
+    else if (dt == "Q8_0") s.dtype = DType::Q8_0;
     else throw_type(env, "tensor " + s.name + ": unsupported dtype " + dt);
     double off = get_number(t, "offset"), nb = get_number(t, "nbytes");
     if (off < 0 || nb < 0 || off != double(uint64_t(off)) || nb != double(uint64_t(nb))) throw_type(env, "tensor " + s.name + ": bad offset/nbytes");
@@ -187,7 +194,13 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
     }
     specs.push_back(std::move(s));
   }
-  auto* w = new LoadWorker(env, cfg, std::move(specs));
+  DType quantize = DType::F32;
+  if (spec.Has("quantize") && !spec.Get("quantize").IsUndefined()) {
+    std::string q = get_string(spec, "quantize");
+    if (q == "q8_0") quantize = DType::Q8_0;
+    else if (q != "none") throw_type(env, "quantize must be \"none\" or \"q8_0\", got \"" + q + "\"");
+  }
+  auto* w = new LoadWorker(env, cfg, std::move(specs), quantize);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;
@@ -367,7 +380,7 @@ Napi::Value RemapBlock(const Napi::CallbackInfo& info) {
   BlockPtr b = block_arg(env, info[1]);
   check_owner(env, *m, *b);
   const int start = info[2].As<Napi::Number>().Int32Value();
-  return BlockWrap::RunBlockOp(env, [m, b, start] { return remap_positions(*b, start, m->inv_freq()); });
+  return BlockWrap::RunBlockOp(env, [m, b, start] { return remap_positions(*b, start, m->inv_freq(), m->config().rope_interleaved); });
 }
 
 // concatBlocks(model, blocks[]) → Promise<NativeKVBlock>
@@ -381,7 +394,7 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
     blocks.push_back(block_arg(env, arr.Get(i)));
     check_owner(env, *m, *blocks.back());
   }
-  return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq()); });
+  return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
 // deserializeBlock(model | null, bytes: Uint8Array) → Promise<NativeKVBlock>; null skips the model check.

@@ -12,10 +12,28 @@ struct Error : std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
+// Q8_0 is llama.cpp's block_q8_0: per 32 weights, an fp16 scale d then 32 int8 q (w = d·q).
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3 };
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType t) { return t == DType::F32 ? "F32" : t == DType::F16 ? "F16" : "BF16"; }
+constexpr int kQ8Block = 32;
+constexpr int kQ8BlockBytes = 34;
+
+// Bytes of `n` consecutive elements (n a multiple of 32 for Q8_0).
+inline uint64_t dtype_bytes(DType t, uint64_t n) {
+  switch (t) {
+    case DType::F32: return n * 4;
+    case DType::Q8_0: return n / kQ8Block * kQ8BlockBytes;
+    default: return n * 2;
+  }
+}
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    default: return "Q8_0";
+  }
+}
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
@@ -81,6 +99,12 @@ inline float load_as_f32(const void* p, DType t, size_t i) {
   switch (t) {
     case DType::F32: return static_cast<const float*>(p)[i];
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::Q8_0: {
+      const unsigned char* block = static_cast<const unsigned char*>(p) + (i / kQ8Block) * kQ8BlockBytes;
+      uint16_t d;
+      std::memcpy(&d, block, 2);
+      return f16_to_f32(d) * float(int8_t(block[2 + i % kQ8Block]));
+    }
     default: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
   }
 }

@@ -38,21 +38,12 @@ void rmsnorm(const float* x, const std::vector<float>& w, float eps, int T, int 
   }
 }
 
-// Rotate-half rotary embedding (the Hugging Face convention): dimension i pairs with i + hd/2.
-void rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin) {
+// Rotary embedding of T rows of n_heads heads at the angles of cos/sin ([T, hd/2]).
+void rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved) {
   const int half = hd / 2;
-  for (int t = 0; t < T; t++) {
-    const float* c = cos + size_t(t) * half;
-    const float* s = sin + size_t(t) * half;
-    for (int h = 0; h < n_heads; h++) {
-      float* v = x + (size_t(t) * n_heads + h) * hd;
-      for (int i = 0; i < half; i++) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * s[i];
-        v[i + half] = b * c[i] + a * s[i];
-      }
-    }
-  }
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < n_heads; h++)
+      rotate_pairs(x + (size_t(t) * n_heads + h) * hd, hd, cos + size_t(t) * half, sin + size_t(t) * half, interleaved);
 }
 
 }  // namespace
@@ -168,8 +159,8 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
-    rope(q_.data(), T, c.n_heads, hd, cos_.data(), sin_.data());
-    rope(k_.data(), T, c.n_kv_heads, hd, cos_.data(), sin_.data());
+    rope(q_.data(), T, c.n_heads, hd, cos_.data(), sin_.data(), c.rope_interleaved);
+    rope(k_.data(), T, c.n_kv_heads, hd, cos_.data(), sin_.data(), c.rope_interleaved);
     // Append this chunk's K/V to the cache ([T, Hkv, hd] → [Hkv, pos, hd]).
     for (int t = 0; t < T; t++) {
       for (int h = 0; h < c.n_kv_heads; h++) {

@@ -21,6 +21,19 @@ struct KVBlock {
   const float* v_layer(int l) const { return v.data() + l * layer_stride(); }
 };
 
+// Rotates one head vector by the angles whose cos/sin are given (hd/2 of each). Hugging Face
+// pairs dimension i with i + hd/2 ("rotate half"); interleaved layouts pair 2i with 2i+1.
+inline void rotate_pairs(float* v, int hd, const float* c, const float* s, bool interleaved) {
+  const int half = hd / 2;
+  const int stride = interleaved ? 1 : half;  // distance between the two members of a pair
+  for (int i = 0; i < half; i++) {
+    const int a = interleaved ? 2 * i : i;
+    const float x = v[a], y = v[a + stride];
+    v[a] = x * c[i] - y * s[i];
+    v[a + stride] = y * c[i] + x * s[i];
+  }
+}
+
 // A block injected into attention: scaling "value" multiplies its V by alpha (keys untouched);
 // "logit" adds ln(alpha) to its attention scores instead.
 struct Segment {

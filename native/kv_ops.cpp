@@ -23,7 +23,7 @@ std::shared_ptr<KVBlock> like(const KVBlock& b, int n_tokens) {
 }
 
 // Rotate every key of rows [0, n) of each (layer, head) by `delta` positions, in place.
-void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq) {
+void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq, bool interleaved) {
   if (delta == 0) return;
   const int hd = b.head_dim, half = hd / 2;
   std::vector<float> c(half), s(half);
@@ -32,14 +32,7 @@ void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq) {
     s[i] = float(std::sin(double(delta) * inv_freq[i]));
   }
   const size_t rows = size_t(b.n_layers) * b.n_kv_heads * b.n_tokens;
-  for (size_t r = 0; r < rows; r++) {
-    float* k = b.k.data() + r * hd;
-    for (int i = 0; i < half; i++) {
-      const float x = k[i], y = k[i + half];
-      k[i] = x * c[i] - y * s[i];
-      k[i + half] = y * c[i] + x * s[i];
-    }
-  }
+  for (size_t r = 0; r < rows; r++) rotate_pairs(b.k.data() + r * hd, hd, c.data(), s.data(), interleaved);
 }
 
 // Copies tokens [from, from+n) of src into tokens [at, at+n) of dst, every layer and head.
@@ -113,15 +106,15 @@ BlockPtr scale_values(const KVBlock& b, float alpha) {
   return out;
 }
 
-BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq) {
+BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {
   if (int(inv_freq.size()) * 2 != b.head_dim) throw Error("block head_dim does not match the model");
   auto out = std::make_shared<KVBlock>(b);
-  rotate_keys(*out, new_start - b.start_pos, inv_freq);
+  rotate_keys(*out, new_start - b.start_pos, inv_freq, interleaved);
   out->start_pos = new_start;
   return out;
 }
 
-BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq) {
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved) {
   if (blocks.empty()) throw Error("concat needs at least one block");
   const KVBlock& first = *blocks[0];
   int64_t total = 0;
@@ -136,7 +129,7 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
   int at = 0;
   for (const auto& b : blocks) {
     const int want = first.start_pos + at;
-    BlockPtr placed = b->start_pos == want ? b : remap_positions(*b, want, inv_freq);
+    BlockPtr placed = b->start_pos == want ? b : remap_positions(*b, want, inv_freq, interleaved);
     copy_tokens(*placed, 0, b->n_tokens, *out, at);
     out->tokens.insert(out->tokens.end(), b->tokens.begin(), b->tokens.end());
     at += b->n_tokens;

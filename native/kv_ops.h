@@ -15,10 +15,11 @@ using BlockPtr = std::shared_ptr<const KVBlock>;
 BlockPtr scale_values(const KVBlock& b, float alpha);
 // Re-rotates every key from position start_pos+i to new_start+i: rotary embedding is a rotation
 // by θ·pos per dimension pair, so multiplying by the rotation of the delta moves it. No recompute.
-BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq);
+// inv_freq and interleaved describe the model's rotary embedding (Model::inv_freq, config).
+BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved);
 // Joins blocks along the token axis, placing each right after the previous (keys re-rotated
 // where a block does not already sit there).
-BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq);
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved);
 // Tokens [from, to) of a block.
 BlockPtr slice_block(const KVBlock& b, int from, int to);
 

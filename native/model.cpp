@@ -1,7 +1,10 @@
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+
+#include "threadpool.h"
 
 namespace dki {
 
@@ -52,9 +55,11 @@ const unsigned char* Model::checked_data(const TensorSpec& t, const std::vector<
   }
   uint64_t elements = 1;
   for (auto d : shape) elements *= uint64_t(d);
-  if (t.nbytes != elements * dtype_size(t.dtype))
+  if (t.dtype == DType::Q8_0 && shape.back() % kQ8Block != 0)
+    throw Error(t.file + ": tensor \"" + t.name + "\" is Q8_0 but its rows of " + std::to_string(shape.back()) + " are not a multiple of 32");
+  if (t.nbytes != dtype_bytes(t.dtype, elements))
     throw Error(t.file + ": tensor \"" + t.name + "\" has " + std::to_string(t.nbytes) + " bytes, its shape and dtype need " +
-                std::to_string(elements * dtype_size(t.dtype)));
+                std::to_string(dtype_bytes(t.dtype, elements)));
   const MappedFile* file = nullptr;
   for (const auto& f : files_)
     if (f->path() == t.file) file = f.get();
@@ -62,7 +67,8 @@ const unsigned char* Model::checked_data(const TensorSpec& t, const std::vector<
   if (t.offset > file->size() || t.nbytes > file->size() - t.offset)
     throw Error(t.file + ": tensor \"" + t.name + "\" at bytes " + std::to_string(t.offset) + "+" + std::to_string(t.nbytes) +
                 " runs past the end of the " + std::to_string(file->size()) + "-byte file");
-  if (t.dtype != DType::F32 ? (t.offset % 2 != 0) : (t.offset % 4 != 0))
+  const uint64_t align = t.dtype == DType::F32 ? 4 : t.dtype == DType::Q8_0 ? 1 : 2;
+  if (t.offset % align != 0)
     throw Error(t.file + ": tensor \"" + t.name + "\" data is not aligned to its element size");
   param_count_ += elements;
   weight_bytes_ += t.nbytes;
@@ -87,7 +93,47 @@ std::vector<float> Model::vector_f32(const std::string& name, int n) {
   return out;
 }
 
-Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors) : cfg_(cfg), specs_(tensors) {
+void quantize_row_q8_0(const float* x, int n, unsigned char* out) {
+  for (int b = 0; b < n / kQ8Block; b++) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.f;
+    for (int i = 0; i < kQ8Block; i++) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    unsigned char* ob = out + b * kQ8BlockBytes;
+    const uint16_t dh = f32_to_f16(d);
+    std::memcpy(ob, &dh, 2);
+    for (int i = 0; i < kQ8Block; i++) ob[2 + i] = static_cast<unsigned char>(int8_t(std::lround(xb[i] * id)));
+  }
+}
+
+void Model::quantize_all_q8_0() {
+  std::vector<Matrix*> all{&embed_};
+  if (!cfg_.tie_word_embeddings) all.push_back(&lm_head_);
+  for (auto& L : layers_)
+    for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(m);
+  for (Matrix* m : all) {
+    if (m->dtype == DType::Q8_0) continue;
+    if (m->cols % kQ8Block != 0) throw Error("cannot quantise to Q8_0: rows of " + std::to_string(m->cols) + " are not a multiple of 32");
+    std::vector<unsigned char> q(size_t(m->rows) * (m->cols / kQ8Block) * kQ8BlockBytes);
+    const size_t row_bytes = size_t(m->cols / kQ8Block) * kQ8BlockBytes;
+    thread_pool().parallel_for(m->rows, 1, [&](int r0, int r1) {
+      std::vector<float> row(m->cols);
+      for (int r = r0; r < r1; r++) {
+        for (int i = 0; i < m->cols; i++) row[i] = load_as_f32(m->data, m->dtype, size_t(r) * m->cols + i);
+        quantize_row_q8_0(row.data(), m->cols, q.data() + r * row_bytes);
+      }
+    });
+    owned_.push_back(std::move(q));
+    m->data = owned_.back().data();
+    m->dtype = DType::Q8_0;
+  }
+  weight_bytes_ = 0;
+  for (const auto& o : owned_) weight_bytes_ += o.size();
+  files_.clear();  // every matrix now lives in owned_; norms and biases were copied already
+}
+
+Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize) : cfg_(cfg), specs_(tensors) {
   check_config(cfg_);
   std::map<std::string, bool> opened;
   for (const auto& t : specs_) {
@@ -148,6 +194,7 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors) : c
   h.value(cfg_.vocab_size); h.value(cfg_.hidden_size); h.value(cfg_.intermediate_size); h.value(cfg_.n_layers);
   h.value(cfg_.n_heads); h.value(cfg_.n_kv_heads); h.value(cfg_.head_dim); h.value(cfg_.rope_theta);
   h.value(cfg_.rope_factor); h.value(cfg_.rms_norm_eps); h.value(cfg_.tie_word_embeddings); h.value(cfg_.attention_bias);
+  h.value(cfg_.rope_interleaved);
   for (const auto& t : specs_) {
     h.bytes(t.name.data(), t.name.size());
     h.value(int(t.dtype));
@@ -161,6 +208,10 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors) : c
     h.bytes(base, chunk);
     h.bytes(base + (t.nbytes - chunk) / 2, chunk);
     h.bytes(base + t.nbytes - chunk, chunk);
+  }
+  if (quantize == DType::Q8_0) {
+    h.bytes("q8_0", 4);
+    quantize_all_q8_0();
   }
   fingerprint_ = h.h;
 }

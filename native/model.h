@@ -26,6 +26,9 @@ struct ModelConfig {
   double rope_factor = 0.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0, rope_original_max_pos = 8192.0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;
+  // Rotary pairs (2i, 2i+1) instead of Hugging Face's (i, i+hd/2): llama GGUF files store q/k
+  // rows permuted for this layout, and the engine uses them as they are.
+  bool rope_interleaved = false;
 };
 
 // Where one tensor lives, as the loader (TypeScript) read it from the file header. Every field
@@ -38,6 +41,10 @@ struct TensorSpec {
   uint64_t offset = 0;
   uint64_t nbytes = 0;
 };
+
+// Quantises n floats (n a multiple of 32) into llama.cpp block_q8_0 layout, exactly as its
+// quantize_row_q8_0_ref: d = max|x| / 127 (stored as fp16), q = round(x / d).
+void quantize_row_q8_0(const float* x, int n, unsigned char* out);
 
 struct Matrix {
   const void* data = nullptr;
@@ -53,7 +60,9 @@ struct LayerWeights {
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors);
+  // quantize = DType::Q8_0 converts every matrix to Q8_0 at load time (then the files are
+  // unmapped); any other value uses the weights as stored.
+  Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize = DType::F32);
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
@@ -71,12 +80,14 @@ class Model {
  private:
   const TensorSpec& find(const std::string& name) const;
   Matrix matrix(const std::string& name, int rows, int cols);
+  void quantize_all_q8_0();
   std::vector<float> vector_f32(const std::string& name, int n);
   const unsigned char* checked_data(const TensorSpec& t, const std::vector<int64_t>& shape);
 
   ModelConfig cfg_;
   std::vector<TensorSpec> specs_;
   std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<std::vector<unsigned char>> owned_;  // quantised copies, when quantising at load
   std::vector<LayerWeights> layers_;
   Matrix embed_, lm_head_;
   std::vector<float> final_norm_;

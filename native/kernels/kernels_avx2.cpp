@@ -12,12 +12,19 @@
 namespace dki {
 namespace {
 
-// Eight weights as fp32, from any stored dtype.
+// Eight weights as fp32, from any stored dtype (i a multiple of 8: never straddles a Q8_0 block).
 DKI_AVX2 inline __m256 load8(const void* W, DType wt, size_t i) {
   switch (wt) {
     case DType::F32: return _mm256_loadu_ps(static_cast<const float*>(W) + i);
     case DType::F16:
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i)));
+    case DType::Q8_0: {
+      const unsigned char* block = static_cast<const unsigned char*>(W) + (i / kQ8Block) * kQ8BlockBytes;
+      uint16_t d;
+      __builtin_memcpy(&d, block, 2);
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + i % kQ8Block));
+      return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
     default: {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i));
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -29,6 +36,12 @@ DKI_AVX2 inline float load1(const void* W, DType wt, size_t i) {
   switch (wt) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(W)[i]);
+    case DType::Q8_0: {
+      const unsigned char* block = static_cast<const unsigned char*>(W) + (i / kQ8Block) * kQ8BlockBytes;
+      uint16_t d;
+      __builtin_memcpy(&d, block, 2);
+      return _cvtsh_ss(d) * float(int8_t(block[2 + i % kQ8Block]));
+    }
     default: {
       uint32_t bits = uint32_t(static_cast<const uint16_t*>(W)[i]) << 16;
       float f;

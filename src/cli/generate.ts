@@ -16,6 +16,7 @@ interface GenerateFlags {
   repetitionPenalty: number;
   seed: number;
   threads?: number;
+  quantize: "none" | "q8_0";
   stop?: string[];
   format: "text" | "json";
 }
@@ -49,7 +50,7 @@ const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 
 async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
   if ((flags.prompt === undefined) === (flags.promptTokens === undefined)) throw new Error("give exactly one of --prompt and --prompt-tokens");
-  const model = await Model.load(flags.model, { threads: flags.threads });
+  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize });
   try {
     const input = flags.promptTokens
       ? { tokens: flags.promptTokens }
@@ -136,6 +137,7 @@ export function registerGenerateCommands(program: Command): void {
     .option("--seed <s>", "random seed", intOption("--seed"), 0)
     .option("--stop <text...>", "stop strings")
     .option("--threads <n>", "worker threads (default: all cores)", intOption("--threads", 1))
+    .option("--quantize <type>", "quantise weights at load time: none or q8_0", choiceOption("--quantize", ["none", "q8_0"] as const), "none")
     .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
   memoryOptions(gen).action((flags: GenerateFlags & MemoryFlags) => generate(flags));
 

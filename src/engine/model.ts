@@ -54,6 +54,8 @@ export interface LoadOptions {
   threads?: number;
   /** Own-token window of the default context (default: min(config max positions, 4096)). */
   contextSize?: number;
+  /** "q8_0": quantise every matrix to Q8_0 at load time (llama.cpp's block format); default "none". */
+  quantize?: "none" | "q8_0";
 }
 
 export interface ModelInfo {
@@ -110,6 +112,7 @@ export class Model {
         ropeScaling: c.ropeScaling,
       },
       tensors,
+      quantize: opts.quantize ?? "none",
     });
     const ni = handle.info();
     const contextSize = opts.contextSize ?? Math.min(c.maxPositionEmbeddings, 4096);
@@ -120,7 +123,7 @@ export class Model {
       fingerprint: ni.fingerprint,
       paramCount: ni.paramCount,
       weightBytes: ni.weightBytes,
-      dtypes: [...new Set(files.tensors.map((t) => t.dtype))],
+      dtypes: opts.quantize === "q8_0" ? ["Q8_0", "F32"] : [...new Set(files.tensors.map((t) => t.dtype))],
     };
     return new Model(handle, tokenizer, info, contextSize);
   }

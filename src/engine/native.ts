@@ -17,6 +17,8 @@ export interface NativeConfig {
   ropeTheta: number;
   tieWordEmbeddings: boolean;
   attentionBias: boolean;
+  /** Rotary pairs (2i, 2i+1), as llama GGUF files need; default false (HF rotate-half). */
+  ropeInterleaved?: boolean;
   ropeScaling: { factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number } | null;
 }
 
@@ -96,7 +98,7 @@ export interface NativeSamplerHandle {
 }
 
 export interface NativeAddon {
-  loadModel(spec: { config: NativeConfig; tensors: NativeTensorSpec[] }): Promise<NativeModelHandle>;
+  loadModel(spec: { config: NativeConfig; tensors: NativeTensorSpec[]; quantize?: "none" | "q8_0" }): Promise<NativeModelHandle>;
   NativeContext: new (model: NativeModelHandle, maxTokens: number) => NativeContextHandle;
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
   remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;

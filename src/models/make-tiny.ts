@@ -262,16 +262,30 @@ const RESIDUAL_GAIN = 8;
  * tiny preset (tied or not, llama or qwen2) and 30-layer variants greedy decoding of 32 tokens gives
  * mostly distinct tokens.
  */
-function initFor(name: string, shape: number[], cfg: ModelConfig): { mean: number; std: number } {
+/**
+ * Weight gains. The defaults give sharp attention and context-following greedy output (good for
+ * demos and sampling tests); such models are chaotic, so small weight errors (quantisation) grow
+ * through the layers. { qk: 1, residual: 1 } gives the smoother conditioning of trained models,
+ * for quantisation-quality measurements.
+ */
+export interface WeightGains {
+  qk: number;
+  residual: number;
+  logit: number;
+}
+
+export const DEFAULT_GAINS: WeightGains = { qk: QK_GAIN, residual: RESIDUAL_GAIN, logit: LOGIT_STD };
+
+function initFor(name: string, shape: number[], cfg: ModelConfig, gains: WeightGains = DEFAULT_GAINS): { mean: number; std: number } {
   const fanIn = shape[shape.length - 1];
   if (name.endsWith("norm.weight")) return { mean: 1, std: 0.05 };
   if (name.endsWith(".bias")) return { mean: 0, std: 0.1 };
   if (name === "lm_head.weight" || (name === "model.embed_tokens.weight" && cfg.tieWordEmbeddings)) {
-    return { mean: 0, std: LOGIT_STD / Math.sqrt(cfg.hiddenSize) };
+    return { mean: 0, std: gains.logit / Math.sqrt(cfg.hiddenSize) };
   }
   if (name === "model.embed_tokens.weight") return { mean: 0, std: 1 };
-  if (name.endsWith("q_proj.weight") || name.endsWith("k_proj.weight")) return { mean: 0, std: QK_GAIN / Math.sqrt(fanIn) };
-  if (name.endsWith("o_proj.weight") || name.endsWith("down_proj.weight")) return { mean: 0, std: RESIDUAL_GAIN / Math.sqrt(fanIn) };
+  if (name.endsWith("q_proj.weight") || name.endsWith("k_proj.weight")) return { mean: 0, std: gains.qk / Math.sqrt(fanIn) };
+  if (name.endsWith("o_proj.weight") || name.endsWith("down_proj.weight")) return { mean: 0, std: gains.residual / Math.sqrt(fanIn) };
   return { mean: 0, std: 1 / Math.sqrt(fanIn) };
 }
 
@@ -291,6 +305,8 @@ export interface MakeTinyOptions {
   /** Shorthand for overrides.tieWordEmbeddings. */
   tieEmbeddings?: boolean;
   overrides?: ShapeOverrides;
+  /** Weight gains (see WeightGains); default DEFAULT_GAINS. */
+  gains?: Partial<WeightGains>;
 }
 
 export interface MakeTinyResult {
@@ -338,7 +354,7 @@ export async function makeTinyModel(opts: MakeTinyOptions): Promise<MakeTinyResu
     : groups.map((_, i) => `model-${pad5(i + 1)}-of-${pad5(groups.length)}.safetensors`);
   let bytes = 0;
   for (let i = 0; i < groups.length; i++) {
-    bytes += await writeShard(join(opts.out, fileNames[i]), groups[i], opts.dtype, config, seed);
+    bytes += await writeShard(join(opts.out, fileNames[i]), groups[i], opts.dtype, config, seed, { ...DEFAULT_GAINS, ...opts.gains });
   }
   if (groups.length > 1) {
     const weightMap: Record<string, string> = {};
@@ -393,7 +409,7 @@ function splitIntoShards(plan: PlannedTensor[], n: number): PlannedTensor[][] {
 }
 
 /** Streams one safetensors file: header computed up front, then each tensor in chunks. Returns the file size. */
-async function writeShard(file: string, tensors: PlannedTensor[], dtype: TinyDType, cfg: ModelConfig, seed: number): Promise<number> {
+async function writeShard(file: string, tensors: PlannedTensor[], dtype: TinyDType, cfg: ModelConfig, seed: number, gains: WeightGains): Promise<number> {
   const header: Record<string, unknown> = { __metadata__: { format: "pt" } };
   let offset = 0;
   for (const t of tensors) {
@@ -415,7 +431,7 @@ async function writeShard(file: string, tensors: PlannedTensor[], dtype: TinyDTy
     const inflight: Promise<unknown>[] = [Promise.resolve(), Promise.resolve()];
     let which = 0;
     for (const t of tensors) {
-      const { mean, std } = initFor(t.name, t.shape, cfg);
+      const { mean, std } = initFor(t.name, t.shape, cfg, gains);
       const table = valueTable(dtype, mean, std);
       const state = seedState(seed, t.name);
       for (let done = 0; done < t.elements; done += CHUNK_ELEMENTS) {
