@@ -13,7 +13,9 @@ namespace dki {
 namespace {
 
 // Eight weights as fp32, from any stored dtype (i a multiple of 8: never straddles a Q8_0 block).
-DKI_AVX2 inline __m256 load8(const void* W, DType wt, size_t i) {
+template <DType WT>
+DKI_AVX2 inline __m256 load8(const void* W, size_t i) {
+  constexpr DType wt = WT;
   switch (wt) {
     case DType::F32: return _mm256_loadu_ps(static_cast<const float*>(W) + i);
     case DType::F16:
@@ -32,7 +34,9 @@ DKI_AVX2 inline __m256 load8(const void* W, DType wt, size_t i) {
   }
 }
 
-DKI_AVX2 inline float load1(const void* W, DType wt, size_t i) {
+template <DType WT>
+DKI_AVX2 inline float load1(const void* W, size_t i) {
+  constexpr DType wt = WT;
   switch (wt) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(W)[i]);
@@ -63,8 +67,8 @@ DKI_AVX2 inline float hsum(__m256 v) {
 // Micro-kernel: rows r, r+1 (R = 1 or 2) against tokens t0..t0+NT-1 (NT <= 4). Each chunk of
 // eight weights is converted once and used for every token: that reuse is what makes prefill
 // faster per token than decode.
-template <int R, int NT>
-DKI_AVX2 inline void tile(const void* W, DType wt, int in, int r, const float* x, int ldx, int t0, float* y, int ldy) {
+template <DType WT, int R, int NT>
+DKI_AVX2 inline void tile(const void* W, int in, int r, const float* x, int ldx, int t0, float* y, int ldy) {
   __m256 acc[R][NT];
   for (int a = 0; a < R; a++)
     for (int b = 0; b < NT; b++) acc[a][b] = _mm256_setzero_ps();
@@ -74,7 +78,13 @@ DKI_AVX2 inline void tile(const void* W, DType wt, int in, int r, const float* x
   int i = 0;
   for (; i + 8 <= in; i += 8) {
     __m256 w[R];
-    for (int a = 0; a < R; a++) w[a] = load8(W, wt, base0 + size_t(a) * in + i);
+    if (NT == 1 && WT != DType::F32 && (i & 31) == 0) {
+      // Decode streams each weight once: fetch the rows R ahead early, so the memory system
+      // has the next group in flight while this one is being multiplied.
+      for (int a = 0; a < R; a++)
+        _mm_prefetch(static_cast<const char*>(W) + (base0 + size_t(a + 2 * R) * in + i) * 2, _MM_HINT_T0);
+    }
+    for (int a = 0; a < R; a++) w[a] = load8<WT>(W, base0 + size_t(a) * in + i);
     for (int b = 0; b < NT; b++) {
       __m256 xv = _mm256_loadu_ps(xs[b] + i);
       for (int a = 0; a < R; a++) acc[a][b] = _mm256_fmadd_ps(w[a], xv, acc[a][b]);
@@ -83,20 +93,98 @@ DKI_AVX2 inline void tile(const void* W, DType wt, int in, int r, const float* x
   for (int a = 0; a < R; a++) {
     for (int b = 0; b < NT; b++) {
       float s = hsum(acc[a][b]);
-      for (int j = i; j < in; j++) s += load1(W, wt, base0 + size_t(a) * in + j) * xs[b][j];
+      for (int j = i; j < in; j++) s += load1<WT>(W, base0 + size_t(a) * in + j) * xs[b][j];
       y[size_t(t0 + b) * ldy + r + a] = s;
     }
   }
 }
 
+// Prefill tiles read fp32 rows (converted once per token block).
 template <int R>
-DKI_AVX2 inline void tile_tokens(const void* W, DType wt, int in, int r, const float* x, int ldx, int t0, int nt, float* y, int ldy) {
+DKI_AVX2 inline void tile_tokens(const float* W, int in, int r, const float* x, int ldx, int t0, int nt, float* y, int ldy) {
   switch (nt) {
-    case 4: tile<R, 4>(W, wt, in, r, x, ldx, t0, y, ldy); break;
-    case 3: tile<R, 3>(W, wt, in, r, x, ldx, t0, y, ldy); break;
-    case 2: tile<R, 2>(W, wt, in, r, x, ldx, t0, y, ldy); break;
-    default: tile<R, 1>(W, wt, in, r, x, ldx, t0, y, ldy); break;
+    case 4: tile<DType::F32, R, 4>(W, in, r, x, ldx, t0, y, ldy); break;
+    case 3: tile<DType::F32, R, 3>(W, in, r, x, ldx, t0, y, ldy); break;
+    case 2: tile<DType::F32, R, 2>(W, in, r, x, ldx, t0, y, ldy); break;
+    default: tile<DType::F32, R, 1>(W, in, r, x, ldx, t0, y, ldy); break;
   }
+}
+
+// Q8_0 decode in integers, as llama.cpp does: the activation row is quantised to int8 blocks of
+// 32 (one fp32 scale each), and each weight block's dot product runs in int8 → int16 → int32
+// (maddubs needs an unsigned operand: |w| against x carrying w's sign), scaled once per block.
+struct Q8Act {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+
+DKI_AVX2 void quantize_act(const float* x, int n, Q8Act& out) {
+  out.q.resize(n);
+  out.d.resize(n / kQ8Block);
+  for (int b = 0; b < n / kQ8Block; b++) {
+    const float* xb = x + b * kQ8Block;
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int i = 0; i < kQ8Block; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.f;
+    out.d[b] = d;
+    const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
+    for (int i = 0; i < kQ8Block; i += 8) {
+      __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      __m128i v16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      __m128i v8 = _mm_packs_epi16(v16, v16);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(&out.q[b * kQ8Block + i]), v8);
+    }
+  }
+}
+
+DKI_AVX2 inline __m256 q8_block_dot(const unsigned char* wb, const int8_t* xq) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i prod16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(prod16, _mm256_set1_epi16(1)));
+}
+
+template <int R>
+DKI_AVX2 inline void q8_rows(const unsigned char* W, int in, int r, const Q8Act& xa, float* y) {
+  const int nb = in / kQ8Block;
+  const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
+  __m256 acc[R];
+  for (int a = 0; a < R; a++) acc[a] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    if ((b & 1) == 0)  // one cache line ≈ two blocks: keep the rows 2R ahead in flight
+      for (int a = 0; a < R; a++) _mm_prefetch(reinterpret_cast<const char*>(W + (r + a + 2 * R) * row_bytes + size_t(b) * kQ8BlockBytes), _MM_HINT_T0);
+    const int8_t* xq = &xa.q[b * kQ8Block];
+    const float dx = xa.d[b];
+    for (int a = 0; a < R; a++) {
+      const unsigned char* wb = W + (r + a) * row_bytes + size_t(b) * kQ8BlockBytes;
+      uint16_t dh;
+      __builtin_memcpy(&dh, wb, 2);
+      acc[a] = _mm256_fmadd_ps(q8_block_dot(wb, xq), _mm256_set1_ps(_cvtsh_ss(dh) * dx), acc[a]);
+    }
+  }
+  for (int a = 0; a < R; a++) y[r + a] = hsum(acc[a]);
+}
+
+DKI_AVX2 void matvec_q8(const unsigned char* W, int in, int r0, int r1, const float* x, float* y) {
+  thread_local Q8Act xa;
+  quantize_act(x, in, xa);
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) q8_rows<4>(W, in, r, xa, y);
+  for (; r < r1; r++) q8_rows<1>(W, in, r, xa, y);
+}
+
+// Decode: nothing to reuse across tokens, so take four rows at once for four independent
+// accumulator chains and more loads in flight.
+template <DType WT>
+DKI_AVX2 void matvec(const void* W, int in, int r0, int r1, const float* x, float* y) {
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) tile<WT, 4, 1>(W, in, r, x, in, 0, y, 0);
+  for (; r < r1; r++) tile<WT, 1, 1>(W, in, r, x, in, 0, y, 0);
 }
 
 // Tokens are processed in blocks small enough that their activations stay in L2 while every row
@@ -105,20 +193,31 @@ constexpr int kTokenBlock = 64;
 // Rows converted to fp32 at a time during prefill (they stay in L1 across the token block).
 constexpr int kRowBlock = 4;
 
-DKI_AVX2 void convert_rows(const void* W, DType wt, int in, int r, int n, float* out) {
+template <DType WT>
+DKI_AVX2 void convert_rows(const void* W, int in, int r, int n, float* out) {
   const size_t base = size_t(r) * in, count = size_t(n) * in;
   size_t i = 0;
-  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load8(W, wt, base + i));
-  for (; i < count; i++) out[i] = load1(W, wt, base + i);
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load8<WT>(W, base + i));
+  for (; i < count; i++) out[i] = load1<WT>(W, base + i);
+}
+
+DKI_AVX2 void convert_rows(const void* W, DType wt, int in, int r, int n, float* out) {
+  switch (wt) {
+    case DType::F16: convert_rows<DType::F16>(W, in, r, n, out); break;
+    case DType::BF16: convert_rows<DType::BF16>(W, in, r, n, out); break;
+    case DType::Q8_0: convert_rows<DType::Q8_0>(W, in, r, n, out); break;
+    default: convert_rows<DType::F32>(W, in, r, n, out); break;
+  }
 }
 
 DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
   if (T == 1) {
-    // Decode: nothing to reuse across tokens, so take four rows at once for four independent
-    // accumulator chains and more loads in flight.
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) tile<4, 1>(W, wt, in, r, x, ldx, 0, y, ldy);
-    for (; r < r1; r++) tile<1, 1>(W, wt, in, r, x, ldx, 0, y, ldy);
+    switch (wt) {
+      case DType::F16: matvec<DType::F16>(W, in, r0, r1, x, y); break;
+      case DType::BF16: matvec<DType::BF16>(W, in, r0, r1, x, y); break;
+      case DType::Q8_0: matvec_q8(static_cast<const unsigned char*>(W), in, r0, r1, x, y); break;
+      default: matvec<DType::F32>(W, in, r0, r1, x, y); break;
+    }
     return;
   }
   // Prefill: half-precision rows are converted to fp32 once per token block, not once per
@@ -129,22 +228,20 @@ DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const floa
     const int te = tb + kTokenBlock < T ? tb + kTokenBlock : T;
     for (int rb = r0; rb < r1; rb += kRowBlock) {
       const int nr = rb + kRowBlock < r1 ? kRowBlock : r1 - rb;
-      const void* src = W;
-      DType st = wt;
+      const float* src = static_cast<const float*>(W);
       int base_row = rb;
       if (wt != DType::F32) {
         convert_rows(W, wt, in, rb, nr, rows.data());
         src = rows.data();
-        st = DType::F32;
         base_row = 0;
       }
       // The tile writes y[.., r + a]; shift y so rows of the buffer land on rows rb...
       float* yb = y + (rb - base_row);
       int r = 0;
       for (; r + 2 <= nr; r += 2)
-        for (int t = tb; t < te; t += 4) tile_tokens<2>(src, st, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
+        for (int t = tb; t < te; t += 4) tile_tokens<2>(src, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
       for (; r < nr; r++)
-        for (int t = tb; t < te; t += 4) tile_tokens<1>(src, st, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
+        for (int t = tb; t < te; t += 4) tile_tokens<1>(src, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
     }
   }
 }
