@@ -19,6 +19,26 @@ void linear(const Matrix& W, const float* x, int T, float* y) {
   });
 }
 
+// Several projections of the same input in one parallel loop (q/k/v, gate/up): one thread
+// synchronisation instead of one per matrix, and the rows of all of them balance across threads.
+struct Projection {
+  const Matrix* W;
+  float* y;
+};
+
+void linear_multi(std::initializer_list<Projection> projs, const float* x, int T) {
+  int total = 0;
+  for (const auto& p : projs) total += p.W->rows;
+  thread_pool().parallel_for(total, 16, [&](int r0, int r1) {
+    int base = 0;
+    for (const auto& p : projs) {
+      const int lo = std::max(r0 - base, 0), hi = std::min(r1 - base, p.W->rows);
+      if (lo < hi) kernels().matmul(p.W->data, p.W->dtype, p.W->cols, lo, hi, x, p.W->cols, T, p.y, p.W->rows);
+      base += p.W->rows;
+    }
+  });
+}
+
 void add_bias(float* y, const std::vector<float>& b, int T) {
   if (b.empty()) return;
   const int n = int(b.size());
@@ -153,9 +173,7 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
     const LayerWeights& L = m.layers()[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
     rmsnorm(x_.data(), L.attn_norm, c.rms_norm_eps, T, D, xn_.data());
-    linear(L.wq, xn_.data(), T, q_.data());
-    linear(L.wk, xn_.data(), T, k_.data());
-    linear(L.wv, xn_.data(), T, v_.data());
+    linear_multi({{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, xn_.data(), T);
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
@@ -175,8 +193,7 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
     rmsnorm(x_.data(), L.ffn_norm, c.rms_norm_eps, T, D, xn_.data());
-    linear(L.w_gate, xn_.data(), T, gate_.data());
-    linear(L.w_up, xn_.data(), T, up_.data());
+    linear_multi({{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, xn_.data(), T);
     thread_pool().parallel_for(T * F, 256, [&](int b, int e) {
       for (int i = b; i < e; i++) {
         const float g = gate_[i];
