@@ -397,27 +397,42 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
   return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
+// Reads the caller's bytes in place (no copy): a reference keeps them alive until the worker ends.
+class DeserializeWorker : public PromiseWorker {
+ public:
+  DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model)
+      : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)) {}
+  void Run() override {
+    block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0);
+    if (model_) {
+      const ModelConfig& c = model_->config();
+      if (block_->n_layers != c.n_layers || block_->n_kv_heads != c.n_kv_heads || block_->head_dim != c.head_dim)
+        throw Error("K/V block shape does not match this model");
+    }
+  }
+  Napi::Value Resolve(Napi::Env) override { return BlockWrap::Wrap(block_); }
+
+ private:
+  Napi::Reference<Napi::Uint8Array> ref_;
+  const unsigned char* data_;
+  size_t size_;
+  std::shared_ptr<const Model> model_;
+  BlockPtr block_;
+};
+
 // deserializeBlock(model | null, bytes: Uint8Array) → Promise<NativeKVBlock>; null skips the model check.
 Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  uint64_t fp = 0;
   std::shared_ptr<const Model> m;
   if (info.Length() > 0 && !info[0].IsNull()) {
     m = model_arg(info, 0);
-    fp = m->fingerprint();
   }
   if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
     throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array)");
-  Napi::Uint8Array a = info[1].As<Napi::Uint8Array>();
-  // Copied: the JS buffer may be reused or collected while the worker runs.
-  auto bytes = std::make_shared<std::vector<unsigned char>>(a.Data(), a.Data() + a.ByteLength());
-  int expect_head_dim = m ? m->config().head_dim : 0, expect_layers = m ? m->config().n_layers : 0, expect_heads = m ? m->config().n_kv_heads : 0;
-  return BlockWrap::RunBlockOp(env, [bytes, fp, expect_head_dim, expect_layers, expect_heads] {
-    BlockPtr b = deserialize_block(bytes->data(), bytes->size(), fp);
-    if (expect_layers && (b->n_layers != expect_layers || b->n_kv_heads != expect_heads || b->head_dim != expect_head_dim))
-      throw Error("K/V block shape does not match this model");
-    return b;
-  });
+  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m);
+  Napi::Promise p = w->promise();
+  w->Queue();
+  return p;
 }
 
 // ---------------------------------------------------------------- Context

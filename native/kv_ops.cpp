@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common.h"
+#include "kernels/kernels.h"
 
 namespace dki {
 
@@ -195,9 +196,9 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
     case KVStorage::F16:
     case KVStorage::BF16: {
       uint16_t* dst = reinterpret_cast<uint16_t*>(out.data() + at);  // at is even: header 64 + 4·T
-      const bool f16 = storage == KVStorage::F16;
-      for (size_t i = 0; i < n; i++) dst[i] = f16 ? f32_to_f16(b.k[i]) : f32_to_bf16(b.k[i]);
-      for (size_t i = 0; i < n; i++) dst[n + i] = f16 ? f32_to_f16(b.v[i]) : f32_to_bf16(b.v[i]);
+      const auto convert = storage == KVStorage::F16 ? kernels().f32_to_f16 : kernels().f32_to_bf16;
+      convert(b.k.data(), dst, n);
+      convert(b.v.data(), dst + n, n);
       break;
     }
     case KVStorage::Int8: {
@@ -290,11 +291,19 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
       break;
     case KVStorage::F16:
     case KVStorage::BF16: {
-      const bool f16 = storage == KVStorage::F16;
-      for (size_t i = 0; i < 2 * n; i++) {
-        const uint16_t x = get<uint16_t>(data, at);
-        (i < n ? b->k[i] : b->v[i - n]) = f16 ? f16_to_f32(x) : bf16_to_f32(x);
+      // The payload starts at an even offset (64-byte header + 4 bytes per token id), but the
+      // caller's buffer may not be 2-byte aligned: convert from an aligned copy if it is not.
+      const unsigned char* p = data + at;
+      std::vector<uint16_t> aligned;
+      if (reinterpret_cast<uintptr_t>(p) % 2 != 0) {
+        aligned.resize(2 * n);
+        std::memcpy(aligned.data(), p, 4 * n);
+        p = reinterpret_cast<const unsigned char*>(aligned.data());
       }
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(p);
+      const auto convert = storage == KVStorage::F16 ? kernels().f16_to_f32 : kernels().bf16_to_f32;
+      convert(src, b->k.data(), n);
+      convert(src + n, b->v.data(), n);
       break;
     }
     case KVStorage::Int8: {

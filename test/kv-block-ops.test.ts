@@ -98,6 +98,24 @@ describe("K/V blocks", () => {
     }
   });
 
+  test("f16/bf16 storage is bit-identical on every SIMD path (round to nearest even)", async () => {
+    const b = await compute(model, tokens, 0);
+    for (const storage of ["f16", "bf16"] as const) {
+      const out: Buffer[] = [];
+      const back: Float32Array[] = [];
+      for (const simd of native().simd().available) {
+        native().setSimd(simd);
+        out.push(await b.serialize(storage));
+        back.push((await KVBlock.deserialize(model, out[out.length - 1])).keys());
+      }
+      native().setSimd("auto");
+      for (let i = 1; i < out.length; i++) {
+        expect(out[i].equals(out[0]), storage).toBe(true);
+        expect(Buffer.from(back[i].buffer).equals(Buffer.from(back[0].buffer)), storage).toBe(true);
+      }
+    }
+  });
+
   test("corrupt, truncated and foreign serialised blocks are refused", async () => {
     const b = await compute(model, tokens, 0);
     for (const storage of ["f32", "int8"] as const) {

@@ -309,10 +309,58 @@ DKI_AVX2 void weighted_sum(const float* w, const float* v, int n, int hd, float*
   for (int c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
+DKI_AVX2 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+
+DKI_AVX2 void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+DKI_AVX2 void bf16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; i++) dst[i] = load1<DType::BF16>(src, i);
+}
+
+DKI_AVX2 void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
+  // Round to nearest even; NaNs stay NaN (quiet bit set), as f32_to_bf16 does.
+  size_t i = 0;
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), absmask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x400000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i rounded = _mm256_add_epi32(x, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(x, 16), one)));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, absmask), inf);
+    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, _mm256_or_si256(x, quiet), nan), 16);
+    // pack 8 × u32 (values < 65536) into 8 × u16
+    const __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi32(lo, hi));
+  }
+  for (; i < n; i++) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, src + i, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+      dst[i] = uint16_t((bits >> 16) | 0x40);
+    } else {
+      bits += 0x7fffu + ((bits >> 16) & 1u);
+      dst[i] = uint16_t(bits >> 16);
+    }
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", matmul, dot, axpy, scores, weighted_sum};
+  static const Kernels k{"avx2", matmul, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 

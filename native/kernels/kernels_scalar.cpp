@@ -45,10 +45,23 @@ void weighted_sum(const float* w, const float* v, int n, int hd, float* out) {
   for (int i = 0; i < n; i++) axpy(w[i], v + size_t(i) * hd, out, hd);
 }
 
+void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
+}
+void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+void bf16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, dot, axpy, scores, weighted_sum};
+  static const Kernels k{"scalar", matmul, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 
