@@ -4,7 +4,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const suites = { engine: "engine.js", injection: "injection.js" };
+const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js" };
 const args = process.argv.slice(2);
 const names = args.filter((a) => !a.startsWith("--"));
 const flags = args.filter((a) => a.startsWith("--"));

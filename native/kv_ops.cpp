@@ -51,7 +51,7 @@ void copy_tokens(const KVBlock& src, int from, int n, KVBlock& dst, int at) {
 // ---- serialisation
 
 constexpr char kMagic[8] = {'D', 'K', 'I', 'K', 'V', 'B', 'L', 'K'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 #pragma pack(push, 1)
 struct Header {
@@ -63,7 +63,7 @@ struct Header {
   uint32_t reserved;
   uint64_t fingerprint;
   uint64_t body_bytes;  // token ids + payload
-  uint64_t checksum;    // of the body
+  uint64_t checksum;    // of the header (this field zeroed) and the body
 };
 #pragma pack(pop)
 static_assert(sizeof(Header) == 64, "header layout");
@@ -182,6 +182,16 @@ uint64_t checksum64(const unsigned char* data, size_t size) {
   return h;
 }
 
+namespace {
+// Checksum of a header (with its checksum field zeroed) followed by a body stored elsewhere.
+uint64_t checksum_parts(const unsigned char* head, size_t head_size, const unsigned char* body, size_t body_size) {
+  uint64_t h = checksum64(head, head_size) * 0x9fb21c651e98df25ull;
+  h ^= checksum64(body, body_size);
+  h ^= h >> 31;
+  return h;
+}
+}  // namespace
+
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
   const size_t n = elements(b);
   const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
@@ -247,7 +257,8 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
   h.start_pos = b.start_pos;
   h.fingerprint = b.fingerprint;
   h.body_bytes = body;
-  h.checksum = checksum64(out.data() + sizeof(Header), body);
+  h.checksum = 0;
+  h.checksum = checksum_parts(reinterpret_cast<const unsigned char*>(&h), sizeof h, out.data() + sizeof(Header), body);
   std::memcpy(out.data(), &h, sizeof h);
   return out;
 }
@@ -268,7 +279,14 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
   if (h.body_bytes != body) throw Error("K/V block header says " + std::to_string(h.body_bytes) + " body bytes, its dimensions need " + std::to_string(body));
   if (size - sizeof(Header) < body) throw Error("K/V block is truncated: " + std::to_string(size) + " bytes, expected " + std::to_string(sizeof(Header) + body));
   if (size - sizeof(Header) > body) throw Error("K/V block has " + std::to_string(size - sizeof(Header) - body) + " trailing bytes");
-  if (checksum64(data + sizeof(Header), body) != h.checksum) throw Error("K/V block checksum mismatch (corrupt data)");
+  {
+    // The checksum covers the header too (a flipped start position or fingerprint is corruption).
+    // Hash a copy of the header with the checksum field zeroed, then the body in place.
+    Header zeroed = h;
+    zeroed.checksum = 0;
+    if (checksum_parts(reinterpret_cast<const unsigned char*>(&zeroed), sizeof zeroed, data + sizeof(Header), body) != h.checksum)
+      throw Error("K/V block checksum mismatch (corrupt data)");
+  }
   if (expected_fingerprint != 0 && h.fingerprint != expected_fingerprint) throw Error("K/V block was computed by another model (fingerprint mismatch)");
 
   auto b = std::make_shared<KVBlock>();

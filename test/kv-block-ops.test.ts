@@ -123,6 +123,9 @@ describe("K/V blocks", () => {
       const flipped = Buffer.from(bytes);
       flipped[200] ^= 0x10;
       await expect(KVBlock.deserialize(model, flipped)).rejects.toThrow(/checksum mismatch/);
+      const headerFlip = Buffer.from(bytes);
+      headerFlip[32] ^= 0x01; // start_pos
+      await expect(KVBlock.deserialize(model, headerFlip)).rejects.toThrow(/checksum mismatch/);
       await expect(KVBlock.deserialize(model, bytes.subarray(0, bytes.length - 1))).rejects.toThrow(/truncated/);
       await expect(KVBlock.deserialize(model, bytes.subarray(0, 10))).rejects.toThrow(/shorter than its 64-byte header/);
       await expect(KVBlock.deserialize(model, Buffer.concat([bytes, Buffer.alloc(3)]))).rejects.toThrow(/trailing bytes/);

@@ -1,0 +1,270 @@
+// The tiered K/V cache: where blocks go (demotion L1 → L2 → L3 by frequency × recency), where they
+// come back from (promotion on hit), L3 persistence across restarts, isolation between users and
+// models, single flight, invalidation. Blocks of 8 tokens on the tiny model cost 4096 B in L1,
+// 2144 B in L2 (f16) and 1568 B in L3 (int8 file).
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import type { Model } from "../src/engine/model.js";
+import { DkiArgumentError } from "../src/errors.js";
+import { TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
+import { CountingModel, diskUsage, tinyModel, tokensFrom } from "./support/cache.js";
+import { maxAbsDiff, tempDir } from "./support/paths.js";
+
+let model: Model;
+let other: Model;
+const L1_BLOCK = 4096;
+const L2_BLOCK = 2144;
+const L3_FILE = 1568;
+const req = (i: number, userId = "alice", n = 8): BlockRequest => ({ userId, tokens: tokensFrom(i, n) });
+const big = { l1Bytes: 1 << 20, l2Bytes: 1 << 20, l3Bytes: 1 << 22 };
+
+beforeAll(async () => {
+  model = await tinyModel(1);
+  other = await tinyModel(2); // same shape, other weights: another fingerprint
+});
+afterAll(() => {
+  model.dispose();
+  other.dispose();
+});
+
+describe("sizes", () => {
+  test("per-tier costs of an 8-token block are as the header comment says", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    const { block, key } = await cache.get(req(0));
+    await cache.flush();
+    expect(block.byteSize).toBe(L1_BLOCK);
+    expect((await block.serialize("f16")).length).toBe(L2_BLOCK);
+    expect(cache.stats().L3.bytes).toBe(L3_FILE);
+    expect(cache.locate(key)).toEqual(["L1", "L3"]);
+    await cache.close();
+  });
+});
+
+describe("demotion and promotion", () => {
+  test("L1 → L2 → L3 on pressure, oldest first; hits promote to L1 and leave L2", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: 2 * L1_BLOCK, l2Bytes: 2 * L2_BLOCK, l3Bytes: 1 << 20 } });
+    const [A, B, C, D, E] = [0, 1, 2, 3, 4].map((i) => cache.keyOf(req(i)));
+    for (const i of [0, 1, 2]) expect((await cache.get(req(i))).tier).toBe("L4");
+    await cache.flush();
+    expect(cache.locate(A)).toEqual(["L2", "L3"]); // the oldest left L1 first
+    expect(cache.locate(B)).toEqual(["L1", "L3"]);
+    expect(cache.locate(C)).toEqual(["L1", "L3"]);
+    await cache.get(req(3));
+    await cache.get(req(4));
+    await cache.flush();
+    // L1 {D, E}; L2 took B then C and pushed A out; A survives in L3 only.
+    expect(cache.locate(A)).toEqual(["L3"]);
+    expect(cache.locate(B)).toEqual(["L2", "L3"]);
+    expect(cache.locate(C)).toEqual(["L2", "L3"]);
+    expect(cache.locate(D)).toEqual(["L1", "L3"]);
+    expect(cache.locate(E)).toEqual(["L1", "L3"]);
+
+    expect((await cache.get(req(0))).tier).toBe("L3"); // promoted to L1, pushing D down, B out of L2
+    await cache.flush();
+    expect(cache.locate(A)).toEqual(["L1", "L3"]);
+    expect(cache.locate(D)).toEqual(["L2", "L3"]);
+    expect(cache.locate(B)).toEqual(["L3"]);
+    expect((await cache.get(req(2))).tier).toBe("L2");
+    await cache.flush();
+    expect(cache.locate(C)).toEqual(["L1", "L3"]); // promoted out of L2: L1 and L2 never both hold a key
+    expect((await cache.get(req(2))).tier).toBe("L1");
+
+    const s = cache.stats();
+    expect([s.L1.hits, s.L2.hits, s.L3.hits, s.L4.hits]).toEqual([1, 1, 1, 5]);
+    expect(s.L1.bytes).toBeLessThanOrEqual(2 * L1_BLOCK);
+    expect(s.L2.bytes).toBeLessThanOrEqual(2 * L2_BLOCK);
+    expect(s.L3.entries).toBe(5);
+    for (const t of ["L2", "L3", "L4"] as const) expect(s[t].meanLoadMs).toBeGreaterThan(0);
+    await cache.close();
+  });
+
+  test("frequency × recency: a long half-life keeps the often-used entry, a short one the recent entry", async () => {
+    for (const [halfLife, survivor, victim] of [[1e6, 0, 1], [0.25, 1, 0]] as const) {
+      const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: 2 * L1_BLOCK, l2Bytes: 1 << 20, l3Bytes: 1 << 20 }, recencyHalfLife: halfLife });
+      await cache.get(req(0)); // X: used three times
+      await cache.get(req(0));
+      await cache.get(req(0));
+      await cache.get(req(1)); // Y: used once, more recently
+      await cache.get(req(2)); // needs room for one
+      await cache.flush();
+      expect(cache.locate(cache.keyOf(req(survivor)))[0], `half-life ${halfLife}`).toBe("L1");
+      expect(cache.locate(cache.keyOf(req(victim)))[0], `half-life ${halfLife}`).toBe("L2");
+      await cache.close();
+    }
+  });
+
+  test("a block larger than a tier skips it", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: L1_BLOCK - 1, l2Bytes: L2_BLOCK, l3Bytes: 1 << 20 } });
+    const { key, tier } = await cache.get(req(0));
+    expect(tier).toBe("L4");
+    await cache.flush();
+    expect(cache.locate(key)).toEqual(["L2", "L3"]);
+    expect((await cache.get(req(0))).tier).toBe("L2");
+    await cache.flush();
+    expect(cache.stats().L1.bytes).toBe(0);
+    await cache.close();
+  });
+});
+
+describe("persistence", () => {
+  test("L3 survives close and reopen with a new cache object; the restored block matches", async () => {
+    const dir = tempDir();
+    const r: BlockRequest = { userId: "alice", tokens: tokensFrom(7, 12), startPos: -12, prefix: [1, 2, 3] };
+    const first = await TieredKVCache.open({ model, dir, budgets: big });
+    const fresh = (await first.get(r)).block;
+    await first.close();
+
+    const second = await TieredKVCache.open({ model, dir, budgets: big });
+    expect(second.stats().L3.entries).toBe(1);
+    const hit = await second.get(r);
+    expect(hit.tier).toBe("L3");
+    expect(hit.block.tokens).toEqual(r.tokens);
+    expect(hit.block.startPos).toBe(-12);
+    const maxK = Math.max(...Array.from(fresh.keys(), Math.abs));
+    expect(maxAbsDiff(hit.block.keys(), fresh.keys()) / maxK).toBeLessThanOrEqual(1 / 127);
+    expect((await second.get(r)).tier).toBe("L1");
+    // The prefix is part of the identity: without it the entry is not found.
+    expect((await second.get({ ...r, prefix: [] })).tier).toBe("L4");
+    await second.close();
+  });
+
+  test("writeBehind: false puts the file in place before put() resolves; leftovers of crashed writes are removed on open", async () => {
+    const dir = tempDir();
+    const cache = await TieredKVCache.open({ model, dir, budgets: big, writeBehind: false });
+    const r = req(3);
+    await cache.put(r, await model.computeBlock(r.tokens));
+    expect(diskUsage(dir).entries).toHaveLength(1);
+    await cache.close();
+    const stray = join(dir, userHash("alice"), ".deadbeef.1.0.tmp");
+    const { writeFile } = await import("node:fs/promises");
+    await writeFile(stray, "partial");
+    const again = await TieredKVCache.open({ model, dir, budgets: big });
+    expect(existsSync(stray)).toBe(false);
+    expect(again.stats().L3.bytes).toBe(L3_FILE);
+    await again.close();
+  });
+
+  test("reopening with a smaller L3 budget trims to it", async () => {
+    const dir = tempDir();
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    for (let i = 0; i < 5; i++) await cache.get(req(i));
+    await cache.close();
+    const small = await TieredKVCache.open({ model, dir, budgets: { ...big, l3Bytes: 2 * L3_FILE } });
+    expect(small.stats().L3.entries).toBe(2);
+    expect(diskUsage(dir).bytes).toBeLessThanOrEqual(2 * L3_FILE);
+    await small.close();
+  });
+});
+
+describe("isolation", () => {
+  test("another user never hits an entry of this user; clear(user) removes only theirs, from every tier", async () => {
+    const dir = tempDir();
+    const counting = new CountingModel(model);
+    const cache = await TieredKVCache.open({ model: counting, dir, budgets: big });
+    const a = await cache.get(req(0, "alice"));
+    const b = await cache.get(req(0, "bob"));
+    expect(b.tier).toBe("L4");
+    expect(b.key).not.toBe(a.key);
+    expect(counting.computes).toBe(2);
+    expect((await cache.get(req(0, "alice"))).tier).toBe("L1");
+    await cache.flush();
+    await cache.clear("alice");
+    expect(cache.locate(a.key)).toEqual([]);
+    expect(cache.locate(b.key)).toEqual(["L1", "L3"]);
+    expect(existsSync(join(dir, userHash("alice"), `${a.key}.kvb`))).toBe(false);
+    expect(existsSync(join(dir, userHash("bob"), `${b.key}.kvb`))).toBe(true);
+    await cache.close();
+    // After a restart too: clear finds a user's files by their folder.
+    const again = await TieredKVCache.open({ model, dir, budgets: big });
+    await again.clear("bob");
+    expect(diskUsage(dir).entries).toHaveLength(0);
+    await again.close();
+  });
+
+  test("another model never hits an entry of this model, also through a shared folder", async () => {
+    const dir = tempDir();
+    const mine = await TieredKVCache.open({ model, dir, budgets: big });
+    const a = await mine.get(req(0));
+    await mine.close();
+    const theirs = await TieredKVCache.open({ model: other, dir, budgets: big });
+    const b = await theirs.get(req(0));
+    expect(b.tier).toBe("L4");
+    expect(b.key).not.toBe(a.key);
+    expect(b.block.fingerprint).toBe(other.info.fingerprint);
+    await theirs.close();
+    const back = await TieredKVCache.open({ model, dir, budgets: big });
+    const hit = await back.get(req(0));
+    expect(hit.tier).toBe("L3");
+    expect(hit.block.fingerprint).toBe(model.info.fingerprint);
+    await back.close();
+  });
+
+  test("put() refuses a block that is not the one the request describes", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    const r = req(0);
+    await expect(cache.put(r, await model.computeBlock(tokensFrom(1, 8)))).rejects.toThrow(/tokens differ/);
+    await expect(cache.put(r, await model.computeBlock(r.tokens, { startPos: 4 }))).rejects.toThrow(/position/);
+    await expect(cache.put(r, await other.computeBlock(r.tokens))).rejects.toThrow(/another model/);
+    expect(cache.stats().L1.entries).toBe(0);
+    await cache.close();
+  });
+});
+
+describe("single flight", () => {
+  test("concurrent gets of one key compute once; of different keys, once each", async () => {
+    const counting = new CountingModel(model);
+    const cache = await TieredKVCache.open({ model: counting, dir: tempDir(), budgets: big });
+    const hits = await Promise.all(Array.from({ length: 8 }, () => cache.get(req(0))));
+    expect(counting.computes).toBe(1);
+    for (const h of hits) expect(h.block).toBe(hits[0].block);
+    expect(cache.stats().singleFlightJoins).toBe(7);
+    await Promise.all([1, 2, 3, 1, 2, 3].map((i) => cache.get(req(i))));
+    expect(counting.computes).toBe(4);
+    await cache.close();
+  });
+
+  test("concurrent gets of one L3 entry read it once", async () => {
+    const dir = tempDir();
+    const first = await TieredKVCache.open({ model, dir, budgets: big });
+    await first.get(req(0));
+    await first.close();
+    const counting = new CountingModel(model);
+    const cache = await TieredKVCache.open({ model: counting, dir, budgets: big });
+    const hits = await Promise.all(Array.from({ length: 5 }, () => cache.get(req(0))));
+    expect(hits.map((h) => h.tier)).toEqual(Array(5).fill("L3"));
+    expect(cache.stats().L3.hits).toBe(1);
+    expect(counting.computes).toBe(0);
+    await cache.close();
+  });
+});
+
+describe("invalidate and arguments", () => {
+  test("invalidate removes a key from every tier, its file included, even while its write is pending", async () => {
+    const dir = tempDir();
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    const { key } = await cache.get(req(0));
+    await cache.invalidate(key); // the write-behind may still be running
+    await cache.flush();
+    expect(cache.locate(key)).toEqual([]);
+    expect(diskUsage(dir).files).toBe(0);
+    expect(cache.stats().L3.bytes).toBe(0);
+    expect((await cache.get(req(0))).tier).toBe("L4");
+    await cache.close();
+  });
+
+  test("bad arguments get clear errors", async () => {
+    await expect(TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l2Bytes: -1 } })).rejects.toThrow(/budgets.l2Bytes/);
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    await expect(cache.get({ userId: "", tokens: [1] })).rejects.toThrow(DkiArgumentError);
+    await expect(cache.get({ userId: "u", tokens: [] })).rejects.toThrow(/tokens is empty/);
+    await expect(cache.get({ userId: "u", tokens: [1.5] })).rejects.toThrow(/not a token id/);
+    await expect(cache.get({ userId: "u", tokens: [1], startPos: 0.5 })).rejects.toThrow(/startPos/);
+    await expect(cache.invalidate("../../etc/passwd")).rejects.toThrow(/not a cache key/);
+    // Out of the vocabulary: the model refuses, the cache stores nothing.
+    await expect(cache.get({ userId: "u", tokens: [1e9] })).rejects.toThrow(/outside the vocabulary/);
+    expect(cache.stats().L4.misses).toBe(1);
+    await cache.close();
+    await expect(cache.get(req(0))).rejects.toThrow(/closed/);
+  });
+});
