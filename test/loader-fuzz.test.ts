@@ -6,24 +6,13 @@ import { readHfFolder } from "../src/formats/hf-folder.js";
 import { readSafetensorsHeader } from "../src/formats/safetensors.js";
 import { LogitsMode, native } from "../src/engine/native.js";
 import { hfLlamaTiny, tempDir } from "./support/paths.js";
+import { prng } from "./support/prng.js";
 
 const original = readFileSync(join(hfLlamaTiny, "model.safetensors"));
 const headerLen = Number(original.readBigUInt64LE(0));
 
-/** A deterministic PRNG so a failing corruption can be replayed from its index. */
-function rng(seed: number) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function corrupt(i: number): Buffer {
-  const r = rng(i);
+  const r = prng(i);
   const buf = Buffer.from(original);
   switch (i % 6) {
     case 0: // truncate anywhere

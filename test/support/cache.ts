@@ -31,17 +31,7 @@ export class CountingModel implements CacheModel {
   }
 }
 
-/** mulberry32: a small seeded PRNG, so a failing random workload can be replayed. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { prng } from "./prng.js";
 
 /**
  * Every file under `dir` (entries, temporaries): count and total bytes. Synchronous on purpose:
