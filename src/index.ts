@@ -10,3 +10,7 @@ export { parseHfConfig, type ModelConfig, type Arch } from "./formats/hf-config.
 export { readHfFolder, type HfModelFiles } from "./formats/hf-folder.js";
 export { readSafetensorsHeader, writeSafetensors, type TensorInfo } from "./formats/safetensors.js";
 export { FormatError, DkiArgumentError } from "./errors.js";
+export { readGguf, writeGguf, GgufMeta, GgmlType, ggmlTypeName, type GgufFile, type GgufEntry, type GgufMetadata, type GgufTensorInfo, type GgufTensorToWrite } from "./formats/gguf.js";
+export { readGgufModel, type GgufModel } from "./formats/gguf-model.js";
+export { ggufTokenizer, ggufTokenizerJson } from "./tokenizer/gguf-tokenizer.js";
+export { convertHfToGguf, type ConvertOptions, type GgufOutType } from "./models/convert.js";

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import cliProgress from "cli-progress";
 import type { Command } from "commander";
 import { formatBytes, formatModelInfo, modelInfo } from "../models/info.js";
+import { convertHfToGguf, GGUF_OUT_TYPES, type GgufOutType } from "../models/convert.js";
 import { makeTinyModel, TINY_ARCHES, TINY_DTYPES, TINY_PRESETS, type TinyArch, type TinyDType, type TinyPreset } from "../models/make-tiny.js";
 import { pullModel, type PullProgress } from "../models/pull.js";
 import { loadRegistry } from "../models/registry.js";
@@ -21,6 +22,13 @@ interface MakeTinyFlags {
 interface PullFlags {
   dir?: string;
   hubUrl?: string;
+}
+
+interface ConvertFlags {
+  to: "gguf";
+  type: GgufOutType;
+  out: string;
+  name?: string;
 }
 
 interface FormatFlags {
@@ -90,6 +98,30 @@ async function info(path: string, flags: FormatFlags): Promise<void> {
   process.stdout.write(flags.format === "json" ? JSON.stringify(i, null, 2) + "\n" : formatModelInfo(i));
 }
 
+async function convert(dir: string, flags: ConvertFlags): Promise<void> {
+  const t0 = performance.now();
+  const tty = process.stderr.isTTY === true;
+  let bar: cliProgress.SingleBar | null = null;
+  const r = await convertHfToGguf({
+    dir,
+    out: flags.out,
+    type: flags.type,
+    name: flags.name,
+    onProgress: tty
+      ? (done, total) => {
+          if (!bar) {
+            bar = new cliProgress.SingleBar({ stream: process.stderr, format: `converting [{bar}] {percentage}% | {eta_formatted}`, hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic);
+            bar.start(total, 0);
+          }
+          bar.update(done);
+          if (done >= total) bar.stop();
+        }
+      : undefined,
+  });
+  const secs = ((performance.now() - t0) / 1000).toFixed(1);
+  process.stdout.write(`wrote ${r.file}: ${r.config.arch} ${flags.type}, ${r.tensorCount} tensors, ${formatBytes(r.bytes)} (${secs} s)\n`);
+}
+
 async function list(flags: FormatFlags): Promise<void> {
   const registry = await loadRegistry();
   const rows = [...registry.values()].map((m) => ({
@@ -145,9 +177,19 @@ export function registerModelsCommand(program: Command): void {
     .action(run((name: string, flags: PullFlags) => pull(name, flags)));
 
   models
+    .command("convert")
+    .description("convert a Hugging Face model folder to a GGUF file that llama.cpp and this engine load")
+    .argument("<dir>", "Hugging Face model folder (config.json, safetensors, byte-level BPE tokenizer.json)")
+    .option("--to <format>", "output format: gguf", choiceOption("--to", ["gguf"] as const), "gguf")
+    .option("--type <type>", `weight type of the matrices: ${GGUF_OUT_TYPES.join(", ")} (norms and biases stay f32)`, choiceOption("--type", GGUF_OUT_TYPES), "f16")
+    .requiredOption("--out <file>", "output .gguf file (replaced)")
+    .option("--name <name>", "general.name (default: the folder's name)")
+    .action(run((dir: string, flags: ConvertFlags) => convert(dir, flags)));
+
+  models
     .command("info")
-    .description("describe a Hugging Face model folder: architecture, shapes, dtypes, parameter count")
-    .argument("<path>", "model folder")
+    .description("describe a Hugging Face model folder or GGUF file: architecture, shapes, dtypes, parameter count")
+    .argument("<path>", "model folder or .gguf file")
     .option("--format <format>", "text or json", formatOption, "text")
     .action(run((path: string, flags: FormatFlags) => info(path, flags)));
 

@@ -1,5 +1,8 @@
 // A loaded model: native weights + tokenizer + chat template, with the calls users make.
 import { readHfFolder } from "../formats/hf-folder.js";
+import { readGgufModel } from "../formats/gguf-model.js";
+import type { TensorInfo } from "../formats/safetensors.js";
+import { ggufTokenizer } from "../tokenizer/gguf-tokenizer.js";
 import type { ModelConfig } from "../formats/hf-config.js";
 import { DkiArgumentError } from "../errors.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
@@ -85,10 +88,21 @@ export class Model {
     return this.info.config;
   }
 
-  /** Loads a Hugging Face folder (config.json, safetensors, tokenizer.json). Off the main thread. */
+  /**
+   * Loads a Hugging Face folder (config.json, safetensors, tokenizer.json) or a GGUF file (a path
+   * ending in .gguf: weights, config and tokenizer from the file). Off the main thread.
+   */
   static async load(dir: string, opts: LoadOptions = {}): Promise<Model> {
-    const files = await readHfFolder(dir);
-    const tokenizer = await Tokenizer.fromFolder(dir);
+    let files: { config: ModelConfig; tensors: TensorInfo[] };
+    let tokenizer: Tokenizer;
+    if (dir.toLowerCase().endsWith(".gguf")) {
+      const g = await readGgufModel(dir);
+      files = g;
+      tokenizer = ggufTokenizer(g.metadata, { bosTokenId: g.config.bosTokenId, eosTokenIds: g.config.eosTokenIds });
+    } else {
+      files = await readHfFolder(dir);
+      tokenizer = await Tokenizer.fromFolder(dir);
+    }
     const addon = native();
     if (opts.threads !== undefined) {
       if (!Number.isInteger(opts.threads) || opts.threads < 0) throw new DkiArgumentError(`threads must be a non-negative integer, got ${opts.threads}`);
@@ -109,6 +123,7 @@ export class Model {
         ropeTheta: c.ropeTheta,
         tieWordEmbeddings: c.tieWordEmbeddings,
         attentionBias: c.attentionBias,
+        ropeInterleaved: c.ropeInterleaved ?? false,
         ropeScaling: c.ropeScaling,
       },
       tensors,

@@ -31,6 +31,11 @@ export interface ModelConfig {
   attentionBias: boolean;
   bosTokenId: number | null;
   eosTokenIds: number[];
+  /**
+   * Rotary pairs are (2i, 2i+1) instead of Hugging Face's rotate-half (i, i + headDim/2). Set for
+   * llama GGUF files, whose q/k rows llama.cpp's converter permuted for that layout; default false.
+   */
+  ropeInterleaved?: boolean;
 }
 
 type Json = Record<string, unknown>;

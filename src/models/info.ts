@@ -1,9 +1,10 @@
-// `dki models info`: what a Hugging Face model folder holds, read from its config and the
-// safetensors headers only (no weights are loaded).
+// `dki models info`: what a Hugging Face model folder or GGUF file holds, read from its config and
+// the safetensors / GGUF headers only (no weights are loaded).
 import { readdir, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
 import type { Arch, Llama3RopeScaling } from "../formats/hf-config.js";
 import { readHfFolder } from "../formats/hf-folder.js";
+import { readGgufModel } from "../formats/gguf-model.js";
 
 export interface ModelShapes {
   layers: number;
@@ -17,8 +18,10 @@ export interface ModelShapes {
 
 export interface ModelInfo {
   path: string;
+  /** "hf" for a Hugging Face folder, "gguf" for a GGUF file. */
+  format: "hf" | "gguf";
   arch: Arch;
-  /** config.json's `architectures`, e.g. ["LlamaForCausalLM"]. */
+  /** config.json's `architectures`, e.g. ["LlamaForCausalLM"]; for GGUF, general.name when present. */
   architectures: string[];
   shapes: ModelShapes;
   /** Distinct weight dtypes, most common first. */
@@ -37,7 +40,40 @@ export interface ModelInfo {
   hasTokenizer: boolean;
 }
 
+/** What a GGUF file holds, from its header only. Tensor types the engine cannot run are listed too. */
+async function ggufInfo(path: string): Promise<ModelInfo> {
+  const g = await readGgufModel(path, { allowAnyType: true });
+  const c = g.config;
+  let parameterCount = 0;
+  const perDtype = new Map<string, number>();
+  for (const t of g.gguf.tensors) {
+    const n = t.dims.reduce((a, b) => a * b, 1);
+    parameterCount += n;
+    perDtype.set(t.typeName, (perDtype.get(t.typeName) ?? 0) + n);
+  }
+  const name = g.metadata.str("general.name");
+  return {
+    path,
+    format: "gguf",
+    arch: c.arch,
+    architectures: name ? [name] : [],
+    shapes: { layers: c.numLayers, hidden: c.hiddenSize, heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim, intermediate: c.intermediateSize, vocab: c.vocabSize },
+    dtypes: [...perDtype].sort((a, b) => b[1] - a[1]).map(([d]) => d),
+    parameterCount,
+    bytes: g.gguf.size,
+    files: [{ name: basename(path), bytes: g.gguf.size }],
+    tied: c.tieWordEmbeddings,
+    bias: c.attentionBias,
+    ropeTheta: c.ropeTheta,
+    ropeScaling: c.ropeScaling,
+    maxPositionEmbeddings: c.maxPositionEmbeddings,
+    rmsNormEps: c.rmsNormEps,
+    hasTokenizer: g.metadata.has("tokenizer.ggml.tokens"),
+  };
+}
+
 export async function modelInfo(path: string): Promise<ModelInfo> {
+  if (path.toLowerCase().endsWith(".gguf")) return ggufInfo(path);
   const hf = await readHfFolder(path);
   const c = hf.config;
   let parameterCount = 0;
@@ -55,6 +91,7 @@ export async function modelInfo(path: string): Promise<ModelInfo> {
   const archs = hf.rawConfig.architectures;
   return {
     path,
+    format: "hf",
     arch: c.arch,
     architectures: Array.isArray(archs) ? archs.filter((a): a is string => typeof a === "string") : [],
     shapes: {
@@ -100,12 +137,12 @@ function formatCount(n: number): string {
 
 export function formatModelInfo(info: ModelInfo): string {
   const s = info.shapes;
-  const weightFileCount = info.files.filter((f) => f.name.endsWith(".safetensors")).length;
+  const weightFileCount = info.format === "gguf" ? 1 : info.files.filter((f) => f.name.endsWith(".safetensors")).length;
   const rope = info.ropeScaling
     ? `theta ${info.ropeTheta}, llama3 scaling ×${info.ropeScaling.factor} (low ${info.ropeScaling.lowFreqFactor}, high ${info.ropeScaling.highFreqFactor}, original ${info.ropeScaling.originalMaxPositionEmbeddings})`
     : `theta ${info.ropeTheta}, no scaling`;
   const rows: [string, string][] = [
-    ["architecture", `${info.arch}${info.architectures.length ? ` (${info.architectures.join(", ")})` : ""}`],
+    ["architecture", `${info.arch}${info.architectures.length ? ` (${info.architectures.join(", ")})` : ""}${info.format === "gguf" ? ", GGUF" : ""}`],
     ["parameters", `${formatCount(info.parameterCount)} (${info.parameterCount.toLocaleString("en-US")})`],
     ["weights", `${info.dtypes.join(" + ")}, ${formatBytes(info.bytes)} in ${weightFileCount} file${weightFileCount === 1 ? "" : "s"}`],
     ["layers", String(s.layers)],
@@ -116,7 +153,7 @@ export function formatModelInfo(info: ModelInfo): string {
     ["context", `${info.maxPositionEmbeddings} positions, rms_norm_eps ${info.rmsNormEps}`],
     ["files", info.files.map((f) => `${f.name} (${formatBytes(f.bytes)})`).join(", ")],
   ];
-  if (!info.hasTokenizer) rows.push(["note", "no tokenizer.json: text prompts will not work, token ids will"]);
+  if (!info.hasTokenizer) rows.push(["note", `no ${info.format === "gguf" ? "tokenizer.ggml metadata" : "tokenizer.json"}: text prompts will not work, token ids will`]);
   const width = Math.max(...rows.map(([k]) => k.length));
   return [info.path, ...rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`)].join("\n") + "\n";
 }

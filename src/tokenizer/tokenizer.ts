@@ -161,8 +161,19 @@ export class Tokenizer {
   }
 
   private static async build(tokenizerJsonPath: string, cfg: Json | null, cfgPath: string | null, extra: TokenizerExtraIds): Promise<Tokenizer> {
+    return Tokenizer.fromObject((await readJsonFile(tokenizerJsonPath))!, tokenizerJsonPath, cfg, cfgPath, extra);
+  }
+
+  /**
+   * A tokenizer from a tokenizer.json object already in memory (e.g. built from GGUF metadata);
+   * `source` names where it came from in errors. `cfg` plays the part of tokenizer_config.json.
+   */
+  static fromJson(json: Json, source: string, cfg: Json | null = null, extra: TokenizerExtraIds = {}): Tokenizer {
+    return Tokenizer.fromObject(json, source, cfg, cfg ? source : null, extra);
+  }
+
+  private static fromObject(json: Json, tokenizerJsonPath: string, cfg: Json | null, cfgPath: string | null, extra: TokenizerExtraIds): Tokenizer {
     const config = cfg ?? {};
-    const json = (await readJsonFile(tokenizerJsonPath))!;
     const model = json.model as Json | undefined;
     if (typeof model !== "object" || model === null || Array.isArray(model)) {
       throw new FormatError(tokenizerJsonPath, "no \"model\" object: not a Hugging Face tokenizer.json");
