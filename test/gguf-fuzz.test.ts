@@ -12,18 +12,7 @@ import { quantizeQ8_0 } from "../src/models/convert.js";
 import { f32ToF16Bits } from "../src/models/half.js";
 import { ggufTokenizer } from "../src/tokenizer/gguf-tokenizer.js";
 import { tempDir } from "./support/paths.js";
-
-/** Deterministic PRNG (mulberry32), so a failing corruption can be replayed from its index. */
-function rng(seed: number) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { prng } from "./support/prng.js";
 
 const H = 32, HEADS = 2, KV = 1, HD = 16, FF = 64, VOCAB = 300;
 
@@ -38,7 +27,7 @@ function weights(n: number, type: number, r: () => number): Uint8Array {
 
 /** A small llama GGUF, written with our writer. */
 async function makeSmallGguf(file: string): Promise<void> {
-  const r = rng(12345);
+  const r = prng(12345);
   const printable = (b: number) => (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
   const bytes: string[] = [];
   let n = 0;
@@ -103,7 +92,7 @@ beforeAll(async () => {
 });
 
 function corrupt(i: number): Buffer {
-  const r = rng(i + 1);
+  const r = prng(i + 1);
   const buf = Buffer.from(original);
   const pick = <T>(a: readonly T[]) => a[Math.floor(r() * a.length)];
   /** Position of the u64 length in front of a string in the header. */

@@ -11,18 +11,8 @@ import { ggufTokenizer, ggufTokenizerJson } from "../src/tokenizer/gguf-tokenize
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { tempDir } from "./support/paths.js";
 import { TOKENIZER_TEXTS } from "./support/tokenizer-texts.js";
+import { prng } from "./support/prng.js";
 
-/** Deterministic PRNG (mulberry32). */
-function rng(seed: number) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 
 let dir: string;
@@ -49,7 +39,7 @@ describe("GGUF tokenizer vs the HF tokenizer.json it came from", () => {
 
   test("500 random strings over a mixed alphabet give the same ids", () => {
     const alphabet = [..."abcxyzABC XYZ0123456789 .,;:!?'\"()[]{}<>-_=+*/\\|@#$%^&~`\t\n\r", "é", "ß", "中", "文", "😀", "👍🏽", "\u00a0", "’", "«", "»", "ё", "ğ", "<|im_end|>", "<|im_start|>", "  ", "'s", "'ll"];
-    const r = rng(7);
+    const r = prng(7);
     for (let i = 0; i < 500; i++) {
       const n = 1 + Math.floor(r() * 40);
       let s = "";
