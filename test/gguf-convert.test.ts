@@ -2,14 +2,13 @@
 // and F16 rounding, Llama 3 rope_freqs, the `dki models convert` / `info` commands.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { Command } from "commander";
-import { beforeAll, describe, expect, test, vi } from "vitest";
-import { registerModelsCommand } from "../src/cli/models.js";
+import { beforeAll, describe, expect, test } from "vitest";
 import { GgmlType, GgufMeta, readGguf, type GgufFile } from "../src/formats/gguf.js";
 import { readGgufModel } from "../src/formats/gguf-model.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { convertHfToGguf, quantizeQ8_0 } from "../src/models/convert.js";
 import { f32ToF16Bits } from "../src/models/half.js";
+import { dki } from "./support/models-cli.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { hfLlamaTiny, tempDir } from "./support/paths.js";
 
@@ -224,26 +223,6 @@ describe("metadata", () => {
 });
 
 describe("dki models convert / info", () => {
-  async function dki(...args: string[]): Promise<{ stdout: string; stderr: string; exitCode: number }> {
-    let stdout = "";
-    let stderr = "";
-    const out = vi.spyOn(process.stdout, "write").mockImplementation((s: string | Uint8Array) => ((stdout += String(s)), true));
-    const err = vi.spyOn(process.stderr, "write").mockImplementation((s: string | Uint8Array) => ((stderr += String(s)), true));
-    const program = new Command().name("dki").exitOverride();
-    registerModelsCommand(program);
-    let exitCode = 0;
-    try {
-      await program.parseAsync(["node", "dki", ...args]);
-      exitCode = Number(process.exitCode ?? 0);
-    } catch {
-      exitCode = 1;
-    } finally {
-      out.mockRestore();
-      err.mockRestore();
-      process.exitCode = undefined;
-    }
-    return { stdout, stderr, exitCode };
-  }
 
   test("convert --type q8_0 then info, text and json", async () => {
     const dir = tempDir();

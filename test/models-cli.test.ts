@@ -2,31 +2,10 @@
 // one `dki: message` line with exit status 1.
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { Command } from "commander";
-import { afterEach, expect, test, vi } from "vitest";
-import { registerModelsCommand } from "../src/cli/models.js";
+import { afterEach, expect, test } from "vitest";
+import { dki } from "./support/models-cli.js";
 import { tempDir } from "./support/paths.js";
 
-async function dki(...args: string[]): Promise<{ stdout: string; stderr: string; exitCode: number }> {
-  let stdout = "";
-  let stderr = "";
-  const out = vi.spyOn(process.stdout, "write").mockImplementation((s: string | Uint8Array) => ((stdout += String(s)), true));
-  const err = vi.spyOn(process.stderr, "write").mockImplementation((s: string | Uint8Array) => ((stderr += String(s)), true));
-  const program = new Command().name("dki").exitOverride();
-  registerModelsCommand(program);
-  let exitCode = 0;
-  try {
-    await program.parseAsync(["node", "dki", ...args]);
-    exitCode = Number(process.exitCode ?? 0);
-  } catch {
-    exitCode = 1; // commander's own usage errors (exitOverride throws instead of exiting)
-  } finally {
-    out.mockRestore();
-    err.mockRestore();
-    process.exitCode = undefined;
-  }
-  return { stdout, stderr, exitCode };
-}
 
 afterEach(() => {
   process.exitCode = undefined;

@@ -114,7 +114,7 @@ describe("interleaved rotary layout (llama GGUF)", () => {
     const permDir = tempDir();
     const tensors = files.tensors.map((t) => {
       const raw = readFileSync(t.file).subarray(t.offset, t.offset + t.nbytes);
-      let data = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+      let data: Float32Array = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
       if (t.name.endsWith("q_proj.weight")) data = permuteRows(data, c.numHeads, t.shape[0], t.shape[1]);
       if (t.name.endsWith("k_proj.weight")) data = permuteRows(data, c.numKvHeads, t.shape[0], t.shape[1]);
       return { name: t.name, dtype: "F32" as const, shape: t.shape, data: new Uint8Array(data.buffer) };
