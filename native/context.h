@@ -61,6 +61,7 @@ class Context {
 
   // Scratch for one chunk of T tokens.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, cos_, sin_;
+  std::vector<unsigned char> xq_;  // the input of a Q8_0 projection, quantised to Q8_0
 };
 
 // Largest number of tokens processed in one pass; longer inputs are split.

@@ -12,32 +12,48 @@ namespace dki {
 
 namespace {
 
-// y[T, W.rows] = x[T, W.cols] · Wᵀ, rows split over the thread pool.
-void linear(const Matrix& W, const float* x, int T, float* y) {
-  thread_pool().parallel_for(W.rows, 16, [&](int r0, int r1) {
-    kernels().matmul(W.data, W.dtype, W.cols, r0, r1, x, W.cols, T, y, W.rows);
-  });
-}
-
 // Several projections of the same input in one parallel loop (q/k/v, gate/up): one thread
 // synchronisation instead of one per matrix, and the rows of all of them balance across threads.
 struct Projection {
   const Matrix* W;
-  float* y;
+  float* y;  // [T, W.rows]
 };
 
-void linear_multi(std::initializer_list<Projection> projs, const float* x, int T) {
+// y = x · Wᵀ for each projection, x [T, cols]. When a weight is Q8_0 the input is quantised to
+// Q8_0 once (into xq) and multiplied in integers, as llama.cpp does: the two engines then round
+// alike, which is what makes their greedy outputs agree on a Q8_0 file.
+void linear_multi(std::initializer_list<Projection> projs, const float* x, int T, std::vector<unsigned char>& xq) {
+  const int cols = projs.begin()->W->cols;
   int total = 0;
-  for (const auto& p : projs) total += p.W->rows;
+  bool any_q8 = false;
+  for (const auto& p : projs) {
+    total += p.W->rows;
+    any_q8 |= p.W->dtype == DType::Q8_0;
+  }
+  const size_t q8_row = dtype_bytes(DType::Q8_0, cols);
+  if (any_q8) {
+    xq.resize(size_t(T) * q8_row);
+    thread_pool().parallel_for(T, 1, [&](int t0, int t1) {
+      for (int t = t0; t < t1; t++) kernels().quantize_q8(x + size_t(t) * cols, cols, xq.data() + t * q8_row);
+    });
+  }
   thread_pool().parallel_for(total, 16, [&](int r0, int r1) {
+    const Kernels& K = kernels();
     int base = 0;
     for (const auto& p : projs) {
       const int lo = std::max(r0 - base, 0), hi = std::min(r1 - base, p.W->rows);
-      if (lo < hi) kernels().matmul(p.W->data, p.W->dtype, p.W->cols, lo, hi, x, p.W->cols, T, p.y, p.W->rows);
+      if (lo < hi) {
+        if (p.W->dtype == DType::Q8_0)
+          K.matmul_q8(static_cast<const unsigned char*>(p.W->data), cols, lo, hi, xq.data(), T, p.y, p.W->rows);
+        else
+          K.matmul(p.W->data, p.W->dtype, cols, lo, hi, x, cols, T, p.y, p.W->rows);
+      }
       base += p.W->rows;
     }
   });
 }
+
+void linear(const Matrix& W, const float* x, int T, float* y, std::vector<unsigned char>& xq) { linear_multi({{&W, y}}, x, T, xq); }
 
 void add_bias(float* y, const std::vector<float>& b, int T) {
   if (b.empty()) return;
@@ -173,7 +189,7 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
     const LayerWeights& L = m.layers()[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
     rmsnorm(x_.data(), L.attn_norm, c.rms_norm_eps, T, D, xn_.data());
-    linear_multi({{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, xn_.data(), T);
+    linear_multi({{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, xn_.data(), T, xq_);
     add_bias(q_.data(), L.bq, T);
     add_bias(k_.data(), L.bk, T);
     add_bias(v_.data(), L.bv, T);
@@ -188,19 +204,19 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
       }
     }
     attention(l, T);
-    linear(L.wo, attn_.data(), T, xn_.data());
+    linear(L.wo, attn_.data(), T, xn_.data(), xq_);
     for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
     rmsnorm(x_.data(), L.ffn_norm, c.rms_norm_eps, T, D, xn_.data());
-    linear_multi({{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, xn_.data(), T);
+    linear_multi({{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, xn_.data(), T, xq_);
     thread_pool().parallel_for(T * F, 256, [&](int b, int e) {
       for (int i = b; i < e; i++) {
         const float g = gate_[i];
         gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
       }
     });
-    linear(L.w_down, gate_.data(), T, xn_.data());
+    linear(L.w_down, gate_.data(), T, xn_.data(), xq_);
     for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
   }
   tokens_.insert(tokens_.end(), tokens, tokens + T);
@@ -211,7 +227,7 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
   const int first = mode == LogitsMode::Last ? T - 1 : 0;
   const int rows = T - first;
   rmsnorm(x_.data() + size_t(first) * D, m.final_norm(), c.rms_norm_eps, rows, D, xn_.data());
-  linear(m.lm_head(), xn_.data(), rows, logits);
+  linear(m.lm_head(), xn_.data(), rows, logits, xq_);
 }
 
 // Causal grouped-query attention of the chunk's T queries over

@@ -114,7 +114,18 @@ void Model::quantize_all_q8_0() {
     for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(m);
   for (Matrix* m : all) {
     if (m->dtype == DType::Q8_0) continue;
-    if (m->cols % kQ8Block != 0) throw Error("cannot quantise to Q8_0: rows of " + std::to_string(m->cols) + " are not a multiple of 32");
+    if (m->cols % kQ8Block != 0) {
+      // Rows that do not split into 32-blocks become F16, as llama.cpp's converter does, so a
+      // folder quantised here and its Q8_0 GGUF conversion hold the same weights.
+      if (m->dtype == DType::F16) continue;
+      std::vector<unsigned char> h(size_t(m->rows) * m->cols * 2);
+      uint16_t* out = reinterpret_cast<uint16_t*>(h.data());
+      for (size_t i = 0; i < size_t(m->rows) * m->cols; i++) out[i] = f32_to_f16(load_as_f32(m->data, m->dtype, i));
+      owned_.push_back(std::move(h));
+      m->data = owned_.back().data();
+      m->dtype = DType::F16;
+      continue;
+    }
     std::vector<unsigned char> q(size_t(m->rows) * (m->cols / kQ8Block) * kQ8BlockBytes);
     const size_t row_bytes = size_t(m->cols / kQ8Block) * kQ8BlockBytes;
     thread_pool().parallel_for(m->rows, 1, [&](int r0, int r1) {

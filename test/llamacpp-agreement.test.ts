@@ -181,14 +181,14 @@ describe.skipIf("error" in loaded).each(VARIANTS.map((v) => [v.label, v] as cons
       greedy.f16.theirs.forEach((t, i) => t.forEach((x, k) => { if (x === r.theirs[i][k]) own++; }));
       console.log(`${arch}: llama.cpp's own F16 vs Q8_0 greedy agreement ${(100 * own / (NEW_TOKENS * PROMPTS.length)).toFixed(1)}%`);
     }
-    // Step by step, each choice is made from the same context: >= 95%, the issue's bar. Free
-    // running, one flip changes the rest of a continuation, and these random models are chaotic:
-    // llama.cpp's own F16 and Q8_0 runs of one model agree on ~15% free running. llama.cpp rounds
-    // activations to fp16 (F16 weights) or Q8_0 (Q8_0 weights) before its dot products while this
-    // engine keeps them in fp32, so free-running agreement is reported, not asserted.
-    // Q8_0 falls short of the issue's 95% (measured 92.8% for llama and qwen2): llama.cpp also
-    // quantises activations to Q8_0 in prefill, this engine only in decode. Kept visible as a
-    // lower bar until the prefill path does the same (issue 4 stays open for it).
-    expect(stepwise).toBeGreaterThanOrEqual(type === "q8_0" ? 0.9 : 0.95);
+    // Step by step, each choice is made from the same context: >= 95%, the issue's bar (Q8_0
+    // measured 95.0% llama, 95.9% qwen2, now that activations are rounded to Q8_0 as llama.cpp
+    // does; 92.8% before). Free running, one flip changes the rest of a continuation, and these
+    // random models are chaotic: llama.cpp's own F16 and Q8_0 runs of one model agree on ~15%
+    // free running, so free-running agreement is reported, not asserted, except for F32 where
+    // both engines compute in fp32 and only summation order (and llama.cpp's fp16 K/V cache)
+    // differ.
+    expect(stepwise).toBeGreaterThanOrEqual(0.95);
+    if (type === "f32") expect(freeRunning).toBeGreaterThanOrEqual(0.95);
   });
 });

@@ -12,8 +12,16 @@ namespace dki {
 struct Kernels {
   const char* name;
   // y[t*ldy + r] = sum_i W[r*in + i] * x[t*ldx + i] for rows r in [r0, r1) and tokens t in [0, T).
-  // W is row-major [rows, in] in dtype wt (the Hugging Face Linear layout); x and y are fp32.
+  // W is row-major [rows, in] in dtype wt (F32, F16 or BF16: the Hugging Face Linear layout);
+  // x and y are fp32. Q8_0 weights go through quantize_q8 + matmul_q8 instead.
   void (*matmul)(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy);
+  // The input of a Q8_0 matmul, quantised as llama.cpp's x86 quantize_row_q8_0 does it at run
+  // time (so both engines round alike): n fp32 values (n a multiple of 32) become n/32 Q8_0
+  // blocks, d = max|x|/127 stored as fp16, q = round-to-nearest-even(x · 127/max|x|).
+  void (*quantize_q8)(const float* x, int n, unsigned char* out);
+  // y[t*ldy + r] = Σ_blocks d_w·d_x·(q_w·q_x) for Q8_0 weight rows r in [r0, r1) and T Q8_0
+  // activation rows of in/32 blocks each, stored back to back; the block dots are exact integers.
+  void (*matmul_q8)(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy);
   float (*dot)(const float* a, const float* b, int n);
   // y += a * x
   void (*axpy)(float a, const float* x, float* y, int n);

@@ -3,6 +3,7 @@
 // is compiled for the baseline, so no AVX2 instruction leaks into code other CPUs execute.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels.h"
@@ -12,7 +13,7 @@
 namespace dki {
 namespace {
 
-// Eight weights as fp32, from any stored dtype (i a multiple of 8: never straddles a Q8_0 block).
+// Eight weights as fp32 from F32, F16 or BF16 storage.
 template <DType WT>
 DKI_AVX2 inline __m256 load8(const void* W, size_t i) {
   constexpr DType wt = WT;
@@ -20,13 +21,6 @@ DKI_AVX2 inline __m256 load8(const void* W, size_t i) {
     case DType::F32: return _mm256_loadu_ps(static_cast<const float*>(W) + i);
     case DType::F16:
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i)));
-    case DType::Q8_0: {
-      const unsigned char* block = static_cast<const unsigned char*>(W) + (i / kQ8Block) * kQ8BlockBytes;
-      uint16_t d;
-      __builtin_memcpy(&d, block, 2);
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + i % kQ8Block));
-      return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    }
     default: {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i));
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -40,12 +34,6 @@ DKI_AVX2 inline float load1(const void* W, size_t i) {
   switch (wt) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(W)[i]);
-    case DType::Q8_0: {
-      const unsigned char* block = static_cast<const unsigned char*>(W) + (i / kQ8Block) * kQ8BlockBytes;
-      uint16_t d;
-      __builtin_memcpy(&d, block, 2);
-      return _cvtsh_ss(d) * float(int8_t(block[2 + i % kQ8Block]));
-    }
     default: {
       uint32_t bits = uint32_t(static_cast<const uint16_t*>(W)[i]) << 16;
       float f;
@@ -110,74 +98,6 @@ DKI_AVX2 inline void tile_tokens(const float* W, int in, int r, const float* x, 
   }
 }
 
-// Q8_0 decode in integers, as llama.cpp does: the activation row is quantised to int8 blocks of
-// 32 (one fp32 scale each), and each weight block's dot product runs in int8 → int16 → int32
-// (maddubs needs an unsigned operand: |w| against x carrying w's sign), scaled once per block.
-struct Q8Act {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-};
-
-DKI_AVX2 void quantize_act(const float* x, int n, Q8Act& out) {
-  out.q.resize(n);
-  out.d.resize(n / kQ8Block);
-  for (int b = 0; b < n / kQ8Block; b++) {
-    const float* xb = x + b * kQ8Block;
-    __m256 m = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    for (int i = 0; i < kQ8Block; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 127.f;
-    out.d[b] = d;
-    const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
-    for (int i = 0; i < kQ8Block; i += 8) {
-      __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      __m128i v16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-      __m128i v8 = _mm_packs_epi16(v16, v16);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(&out.q[b * kQ8Block + i]), v8);
-    }
-  }
-}
-
-DKI_AVX2 inline __m256 q8_block_dot(const unsigned char* wb, const int8_t* xq) {
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m256i prod16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(prod16, _mm256_set1_epi16(1)));
-}
-
-template <int R>
-DKI_AVX2 inline void q8_rows(const unsigned char* W, int in, int r, const Q8Act& xa, float* y) {
-  const int nb = in / kQ8Block;
-  const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
-  __m256 acc[R];
-  for (int a = 0; a < R; a++) acc[a] = _mm256_setzero_ps();
-  for (int b = 0; b < nb; b++) {
-    if ((b & 1) == 0)  // one cache line ≈ two blocks: keep the rows 2R ahead in flight
-      for (int a = 0; a < R; a++) _mm_prefetch(reinterpret_cast<const char*>(W + (r + a + 2 * R) * row_bytes + size_t(b) * kQ8BlockBytes), _MM_HINT_T0);
-    const int8_t* xq = &xa.q[b * kQ8Block];
-    const float dx = xa.d[b];
-    for (int a = 0; a < R; a++) {
-      const unsigned char* wb = W + (r + a) * row_bytes + size_t(b) * kQ8BlockBytes;
-      uint16_t dh;
-      __builtin_memcpy(&dh, wb, 2);
-      acc[a] = _mm256_fmadd_ps(q8_block_dot(wb, xq), _mm256_set1_ps(_cvtsh_ss(dh) * dx), acc[a]);
-    }
-  }
-  for (int a = 0; a < R; a++) y[r + a] = hsum(acc[a]);
-}
-
-DKI_AVX2 void matvec_q8(const unsigned char* W, int in, int r0, int r1, const float* x, float* y) {
-  thread_local Q8Act xa;
-  quantize_act(x, in, xa);
-  int r = r0;
-  for (; r + 4 <= r1; r += 4) q8_rows<4>(W, in, r, xa, y);
-  for (; r < r1; r++) q8_rows<1>(W, in, r, xa, y);
-}
-
 // Decode: nothing to reuse across tokens, so take four rows at once for four independent
 // accumulator chains and more loads in flight.
 template <DType WT>
@@ -205,7 +125,6 @@ DKI_AVX2 void convert_rows(const void* W, DType wt, int in, int r, int n, float*
   switch (wt) {
     case DType::F16: convert_rows<DType::F16>(W, in, r, n, out); break;
     case DType::BF16: convert_rows<DType::BF16>(W, in, r, n, out); break;
-    case DType::Q8_0: convert_rows<DType::Q8_0>(W, in, r, n, out); break;
     default: convert_rows<DType::F32>(W, in, r, n, out); break;
   }
 }
@@ -215,7 +134,6 @@ DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const floa
     switch (wt) {
       case DType::F16: matvec<DType::F16>(W, in, r0, r1, x, y); break;
       case DType::BF16: matvec<DType::BF16>(W, in, r0, r1, x, y); break;
-      case DType::Q8_0: matvec_q8(static_cast<const unsigned char*>(W), in, r0, r1, x, y); break;
       default: matvec<DType::F32>(W, in, r0, r1, x, y); break;
     }
     return;
@@ -243,6 +161,104 @@ DKI_AVX2 void matmul(const void* W, DType wt, int in, int r0, int r1, const floa
       for (; r < nr; r++)
         for (int t = tb; t < te; t += 4) tile_tokens<1>(src, in, base_row + r, x, ldx, t, te - t < 4 ? te - t : 4, yb, ldy);
     }
+  }
+}
+
+// Q8_0 in integers, as llama.cpp does: activations are quantised to Q8_0 blocks too, and each
+// pair of blocks is multiplied in int8 → int16 → int32, then scaled once by d_w·d_x.
+
+DKI_AVX2 void quantize_q8(const float* x, int n, unsigned char* out) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int b = 0; b < n / kQ8Block; b++) {
+    const float* xb = x + b * kQ8Block;
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < kQ8Block; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 id = _mm256_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+    unsigned char* ob = out + b * kQ8BlockBytes;
+    const uint16_t dh = _cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __builtin_memcpy(ob, &dh, 2);
+    for (int i = 0; i < kQ8Block; i += 8) {
+      const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i q = _mm256_cvtps_epi32(v);
+      const __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(ob + 2 + i), _mm_packs_epi16(q16, q16));
+    }
+  }
+}
+
+DKI_AVX2 inline float q8_scale(const unsigned char* block) {
+  uint16_t d;
+  __builtin_memcpy(&d, block, 2);
+  return _cvtsh_ss(d);
+}
+
+// Micro-kernel: Q8_0 rows r..r+R-1 against activation rows t0..t0+NT-1. maddubs multiplies an
+// unsigned by a signed operand, so the weights enter as |w| and the activations carry w's sign
+// (|w|, |x| ≤ 127 keep the pairwise int16 sums below saturation).
+template <int R, int NT>
+DKI_AVX2 inline void q8_tile(const unsigned char* W, size_t row_bytes, int nb, int r, const unsigned char* xq, int t0, float* y, int ldy) {
+  __m256 acc[R][NT];
+  for (int a = 0; a < R; a++)
+    for (int b = 0; b < NT; b++) acc[a][b] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int blk = 0; blk < nb; blk++) {
+    const size_t off = size_t(blk) * kQ8BlockBytes;
+    if (NT == 1 && (blk & 1) == 0)  // decode streams each row once: keep the rows 2R ahead in flight
+      for (int a = 0; a < R; a++) _mm_prefetch(reinterpret_cast<const char*>(W + (r + a + 2 * R) * row_bytes + off), _MM_HINT_T0);
+    __m256i w[R], wabs[R];
+    float dw[R];
+    for (int a = 0; a < R; a++) {
+      const unsigned char* wb = W + (r + a) * row_bytes + off;
+      dw[a] = q8_scale(wb);
+      w[a] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+      wabs[a] = _mm256_sign_epi8(w[a], w[a]);
+    }
+    for (int b = 0; b < NT; b++) {
+      const unsigned char* xb = xq + size_t(t0 + b) * row_bytes + off;
+      const float dx = q8_scale(xb);
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
+      for (int a = 0; a < R; a++) {
+        const __m256i p16 = _mm256_maddubs_epi16(wabs[a], _mm256_sign_epi8(xv, w[a]));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[a][b] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[a] * dx), acc[a][b]);
+      }
+    }
+  }
+  for (int a = 0; a < R; a++)
+    for (int b = 0; b < NT; b++) y[size_t(t0 + b) * ldy + r + a] = hsum(acc[a][b]);
+}
+
+template <int R>
+DKI_AVX2 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, int nb, int r, const unsigned char* xq, int t0, int nt, float* y, int ldy) {
+  switch (nt) {
+    case 4: q8_tile<R, 4>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
+    case 3: q8_tile<R, 3>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
+    case 2: q8_tile<R, 2>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
+    default: q8_tile<R, 1>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
+  }
+}
+
+DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
+  const int nb = in / kQ8Block;
+  const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
+  if (T == 1) {  // decode: four rows at once for four independent chains and more loads in flight
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) q8_tile<4, 1>(W, row_bytes, nb, r, xq, 0, y, ldy);
+    for (; r < r1; r++) q8_tile<1, 1>(W, row_bytes, nb, r, xq, 0, y, ldy);
+    return;
+  }
+  // Prefill: a pair of rows stays in L1 while a block of tokens' activations streams from L2.
+  for (int tb = 0; tb < T; tb += kTokenBlock) {
+    const int te = std::min(tb + kTokenBlock, T);
+    int r = r0;
+    for (; r + 2 <= r1; r += 2)
+      for (int t = tb; t < te; t += 4) q8_tile_tokens<2>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
+    for (; r < r1; r++)
+      for (int t = tb; t < te; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
   }
 }
 
@@ -360,7 +376,7 @@ DKI_AVX2 void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", matmul, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"avx2", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 

@@ -1,4 +1,7 @@
 // Portable kernels: plain loops the compiler may vectorise with the baseline instruction set.
+#include <algorithm>
+#include <cmath>
+
 #include "kernels.h"
 
 namespace dki {
@@ -22,6 +25,41 @@ void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int
       const float* xt = x + size_t(t) * ldx;
       float acc = 0.f;
       for (int i = 0; i < in; i++) acc += w[i] * xt[i];
+      y[size_t(t) * ldy + r] = acc;
+    }
+  }
+}
+
+void quantize_q8(const float* x, int n, unsigned char* out) {
+  for (int b = 0; b < n / kQ8Block; b++) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.f;
+    for (int i = 0; i < kQ8Block; i++) amax = std::max(amax, std::fabs(xb[i]));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    unsigned char* ob = out + b * kQ8BlockBytes;
+    const uint16_t dh = f32_to_f16(amax / 127.f);
+    std::memcpy(ob, &dh, 2);
+    // nearbyint rounds half to even in the default rounding mode, as the SIMD path does.
+    for (int i = 0; i < kQ8Block; i++) ob[2 + i] = static_cast<unsigned char>(int8_t(std::nearbyint(xb[i] * id)));
+  }
+}
+
+void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
+  const int nb = in / kQ8Block;
+  const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
+  for (int r = r0; r < r1; r++) {
+    for (int t = 0; t < T; t++) {
+      float acc = 0.f;
+      for (int b = 0; b < nb; b++) {
+        const unsigned char* wb = W + r * row_bytes + b * kQ8BlockBytes;
+        const unsigned char* xb = xq + t * row_bytes + b * kQ8BlockBytes;
+        int32_t isum = 0;
+        for (int i = 0; i < kQ8Block; i++) isum += int32_t(int8_t(wb[2 + i])) * int32_t(int8_t(xb[2 + i]));
+        uint16_t dw, dx;
+        std::memcpy(&dw, wb, 2);
+        std::memcpy(&dx, xb, 2);
+        acc += float(isum) * (f16_to_f32(dw) * f16_to_f32(dx));
+      }
       y[size_t(t) * ldy + r] = acc;
     }
   }
@@ -61,7 +99,7 @@ void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 

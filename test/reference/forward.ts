@@ -179,11 +179,17 @@ export interface RefOutput {
 export function refForward(
   w: RefWeights,
   tokens: number[],
-  opts: { startPos?: number; segments?: RefSegment[] } = {},
+  opts: {
+    startPos?: number;
+    segments?: RefSegment[];
+    /** Rounds the input of every projection (an engine's activation quantisation); identity by default. */
+    projectionInput?: (x: Float64Array) => Float64Array;
+  } = {},
 ): RefOutput {
   const c = w.config;
   const startPos = opts.startPos ?? 0;
   const segments = opts.segments ?? [];
+  const pin = opts.projectionInput ?? ((v: Float64Array) => v);
   const T = tokens.length;
   const D = c.hiddenSize;
   const hd = c.headDim;
@@ -224,7 +230,7 @@ export function refForward(
     const K = new Float64Array(nKv * T * hd); // [nKv, T, hd]
     const V = new Float64Array(nKv * T * hd);
     for (let t = 0; t < T; t++) {
-      const xn = rmsnorm(x[t], w.get(p + "input_layernorm.weight"), c.rmsNormEps);
+      const xn = pin(rmsnorm(x[t], w.get(p + "input_layernorm.weight"), c.rmsNormEps));
       const qt = matvec(Wq, xn, qDim, D, bias("q_proj"));
       const kt = matvec(Wk, xn, kvDim, D, bias("k_proj"));
       const vt = matvec(Wv, xn, kvDim, D, bias("v_proj"));
@@ -282,7 +288,7 @@ export function refForward(
           for (let d = 0; d < hd; d++) attnOut[h * hd + d] += pj * col.vScale * col.v[col.vOff + d];
         }
       }
-      const o = matvec(Wo, attnOut, D, qDim);
+      const o = matvec(Wo, pin(attnOut), D, qDim);
       for (let i = 0; i < D; i++) x[t][i] += o[i];
     }
 
@@ -291,18 +297,18 @@ export function refForward(
     const Wu = w.get(p + "mlp.up_proj.weight");
     const Wd = w.get(p + "mlp.down_proj.weight");
     for (let t = 0; t < T; t++) {
-      const xn = rmsnorm(x[t], w.get(p + "post_attention_layernorm.weight"), c.rmsNormEps);
+      const xn = pin(rmsnorm(x[t], w.get(p + "post_attention_layernorm.weight"), c.rmsNormEps));
       const g = matvec(Wg, xn, F, D);
       const u = matvec(Wu, xn, F, D);
       const hmid = new Float64Array(F);
       for (let i = 0; i < F; i++) hmid[i] = silu(g[i]) * u[i];
-      const down = matvec(Wd, hmid, D, F);
+      const down = matvec(Wd, pin(hmid), D, F);
       for (let i = 0; i < D; i++) x[t][i] += down[i];
     }
   }
 
   // Final norm and LM head (the embedding matrix when tied).
   const head = c.tieWordEmbeddings ? embed : w.get("lm_head.weight");
-  const logits = x.map((xt) => matvec(head, rmsnorm(xt, w.get("model.norm.weight"), c.rmsNormEps), c.vocabSize, D));
+  const logits = x.map((xt) => matvec(head, pin(rmsnorm(xt, w.get("model.norm.weight"), c.rmsNormEps)), c.vocabSize, D));
   return { logits, k: outK, v: outV };
 }
