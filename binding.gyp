@@ -11,6 +11,7 @@
         "native/kernels/dispatch.cpp",
         "native/kernels/kernels_scalar.cpp",
         "native/kernels/kernels_avx2.cpp",
+        "native/kernels/kernels_avx512.cpp",
         "native/sampler.cpp",
         "native/kv_ops.cpp"
       ],

@@ -715,6 +715,8 @@ Napi::Value Simd(const Napi::CallbackInfo& info) {
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  // A DKI_SIMD the CPU cannot honour fails the require, with the reason, before any work runs.
+  if (!simd_env_error().empty()) throw Napi::Error::New(env, simd_env_error());
   ModelWrap::Init(env, exports);
   BlockWrap::Init(env, exports);
   ContextWrap::Init(env, exports);

@@ -16,20 +16,46 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 const Kernels* pick(const std::string& name) {
   if (name == "scalar") return &kernels_scalar();
   if (name == "avx2") {
     if (!cpu_has_avx2()) throw Error("SIMD path \"avx2\" is not supported by this CPU (needs AVX2, FMA and F16C)");
     return &kernels_avx2();
   }
-  if (name == "auto" || name.empty()) return cpu_has_avx2() ? &kernels_avx2() : &kernels_scalar();
-  throw Error("unknown SIMD path \"" + name + "\" (expected auto, scalar or avx2)");
+  if (name == "avx512") {
+    if (!cpu_has_avx512_vnni()) throw Error("SIMD path \"avx512\" is not supported by this CPU (needs AVX-512 F/BW/VL and VNNI)");
+    return &kernels_avx512();
+  }
+  if (name == "auto" || name.empty())
+    return cpu_has_avx512_vnni() ? &kernels_avx512() : cpu_has_avx2() ? &kernels_avx2() : &kernels_scalar();
+  throw Error("unknown SIMD path \"" + name + "\" (expected auto, scalar, avx2 or avx512)");
 }
 
+std::string& env_error() {
+  static std::string e;
+  return e;
+}
+
+// The first use may come from a worker thread, where an exception would end the process: a bad
+// DKI_SIMD falls back to auto and leaves its message for simd_env_error().
 std::atomic<const Kernels*>& active() {
   static std::atomic<const Kernels*> k{[] {
     const char* env = std::getenv("DKI_SIMD");
-    return pick(env ? env : "auto");
+    try {
+      return pick(env ? env : "auto");
+    } catch (const Error& e) {
+      env_error() = std::string("DKI_SIMD: ") + e.what();
+      return pick("auto");
+    }
   }()};
   return k;
 }
@@ -40,9 +66,15 @@ const Kernels& kernels() { return *active().load(std::memory_order_relaxed); }
 
 void set_simd(const std::string& name) { active().store(pick(name)); }
 
+const std::string& simd_env_error() {
+  active();
+  return env_error();
+}
+
 std::vector<std::string> available_simd() {
   std::vector<std::string> out{"scalar"};
   if (cpu_has_avx2()) out.push_back("avx2");
+  if (cpu_has_avx512_vnni()) out.push_back("avx512");
   return out;
 }
 

@@ -37,12 +37,15 @@ struct Kernels {
 };
 
 const Kernels& kernels_scalar();
-const Kernels& kernels_avx2();  // AVX2 + FMA + F16C
+const Kernels& kernels_avx2();    // AVX2 + FMA + F16C
+const Kernels& kernels_avx512();  // the AVX2 table with an AVX-512 VNNI Q8_0 matmul
 
 // The active table.
 const Kernels& kernels();
-// Selects a path by name ("auto", "scalar", "avx2"); throws if the CPU cannot run it.
+// Selects a path by name ("auto", "scalar", "avx2", "avx512"); throws if the CPU cannot run it.
 void set_simd(const std::string& name);
+// Why DKI_SIMD could not be honoured ("" when it was, or is unset).
+const std::string& simd_env_error();
 // Names of the paths this CPU can run, best last.
 std::vector<std::string> available_simd();
 
