@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <new>
+#include <vector>
 
 #include "kernels.h"
 
@@ -23,6 +25,25 @@ namespace {
 struct BlockPair {
   __m512i q;
   __m512 d;
+};
+
+DKI_AVX512 inline float q8_scale_f32(const unsigned char* block) {
+  uint16_t h;
+  __builtin_memcpy(&h, block, 2);
+  return _cvtsh_ss(h);
+}
+
+// std::vector storage aligned for 512-bit loads.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const AlignedAllocator&) const { return true; }
+  bool operator!=(const AlignedAllocator&) const { return false; }
 };
 
 DKI_AVX512 inline BlockPair load_pair(const unsigned char* b0, bool has_second) {
@@ -81,20 +102,123 @@ DKI_AVX512 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, 
   }
 }
 
-// Tokens per block: their activations stay in L2 while this thread's rows stream past once.
-constexpr int kTokenBlock = 64;
+// Prefill: eight rows repacked so that one vpdpbusd serves all of them. Each 32-byte block is
+// cut into four 8-byte chunks; a packed chunk holds that chunk of rows 0..7 side by side (64
+// bytes), and the token's matching 8 activation bytes are broadcast to all eight places. Lanes 2i
+// and 2i+1 then accumulate row i, so one int→float conversion and one FMA per block cover eight
+// rows instead of one. Weights enter offset to unsigned (w ^ 0x80 = w + 128), activations stay
+// signed, and the offset is cancelled by starting each lane at −128·Σx over the bytes it sums:
+// the same two sums (even and odd 4-byte halves of each chunk) for every row.
+constexpr int kPackRows = 8;
+constexpr int kPackTokens = 8;
+constexpr int kPackMinTokens = 4;  // below this, repacking costs more than it saves
+
+// Plain bytes, not vector types, so the std::vector holding them is baseline code.
+struct alignas(64) PackedBlock {
+  unsigned char q[4][64];  // chunk c: bytes 8c..8c+7 of rows 0..7, offset to unsigned
+  float d[16];             // lanes 2i, 2i+1: row i's scale
+};
+
+// Per token and block: the lane start values (−128·Σx of the even / odd halves) and the scale.
+struct ActBlock {
+  int32_t start[2];
+  float d;
+};
+
+DKI_AVX512 void pack_rows(const unsigned char* W, size_t row_bytes, int nb, int r, PackedBlock* out) {
+  for (int blk = 0; blk < nb; blk++) {
+    PackedBlock& pb = out[blk];
+    for (int i = 0; i < kPackRows; i++) {
+      const unsigned char* wb = W + size_t(r + i) * row_bytes + size_t(blk) * kQ8BlockBytes;
+      for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) pb.q[c][8 * i + k] = wb[2 + 8 * c + k] ^ 0x80;
+      pb.d[2 * i] = pb.d[2 * i + 1] = q8_scale_f32(wb);
+    }
+  }
+}
+
+DKI_AVX512 void act_blocks(const unsigned char* xq, size_t row_bytes, int nb, int T, ActBlock* out) {
+  for (int t = 0; t < T; t++)
+    for (int blk = 0; blk < nb; blk++) {
+      const unsigned char* xb = xq + size_t(t) * row_bytes + size_t(blk) * kQ8BlockBytes;
+      int32_t even = 0, odd = 0;
+      for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 4; k++) {
+          even += int8_t(xb[2 + 8 * c + k]);
+          odd += int8_t(xb[2 + 8 * c + 4 + k]);
+        }
+      out[size_t(t) * nb + blk] = {{-128 * even, -128 * odd}, q8_scale_f32(xb)};
+    }
+}
+
+template <int NT>
+DKI_AVX512 void packed_tile(const PackedBlock* P, int nb, const unsigned char* xq, size_t row_bytes, const ActBlock* A, int t0, int r, float* y, int ldy) {
+  __m512 acc[NT];
+  for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+  for (int blk = 0; blk < nb; blk++) {
+    const PackedBlock& pb = P[blk];
+    const __m512i q0 = _mm512_load_si512(pb.q[0]), q1 = _mm512_load_si512(pb.q[1]);
+    const __m512i q2 = _mm512_load_si512(pb.q[2]), q3 = _mm512_load_si512(pb.q[3]);
+    const __m512 dw = _mm512_load_ps(pb.d);
+    for (int j = 0; j < NT; j++) {
+      const unsigned char* xb = xq + size_t(t0 + j) * row_bytes + size_t(blk) * kQ8BlockBytes + 2;
+      const ActBlock& a = A[size_t(t0 + j) * nb + blk];
+      long long start, x0, x1, x2, x3;
+      __builtin_memcpy(&start, a.start, 8);
+      __builtin_memcpy(&x0, xb, 8);
+      __builtin_memcpy(&x1, xb + 8, 8);
+      __builtin_memcpy(&x2, xb + 16, 8);
+      __builtin_memcpy(&x3, xb + 24, 8);
+      __m512i p = _mm512_set1_epi64(start);
+      p = _mm512_dpbusd_epi32(p, q0, _mm512_set1_epi64(x0));
+      p = _mm512_dpbusd_epi32(p, q1, _mm512_set1_epi64(x1));
+      p = _mm512_dpbusd_epi32(p, q2, _mm512_set1_epi64(x2));
+      p = _mm512_dpbusd_epi32(p, q3, _mm512_set1_epi64(x3));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(a.d)), acc[j]);
+    }
+  }
+  // Lanes 2i and 2i+1 hold row i: add neighbours, keep the even lanes, store eight rows.
+  for (int j = 0; j < NT; j++) {
+    const __m512 pairs = _mm512_add_ps(acc[j], _mm512_permute_ps(acc[j], 0xB1));
+    _mm256_storeu_ps(y + size_t(t0 + j) * ldy + r, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, pairs)));
+  }
+}
+
+DKI_AVX512 void packed_tokens(const PackedBlock* P, int nb, const unsigned char* xq, size_t row_bytes, const ActBlock* A, int t0, int nt, int r, float* y, int ldy) {
+  switch (nt) {
+    case 8: packed_tile<8>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 7: packed_tile<7>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 6: packed_tile<6>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 5: packed_tile<5>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 4: packed_tile<4>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 3: packed_tile<3>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    case 2: packed_tile<2>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+    default: packed_tile<1>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
+  }
+}
 
 DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
-  for (int tb = 0; tb < T; tb += kTokenBlock) {
-    const int te = std::min(tb + kTokenBlock, T);
-    int r = r0;
-    for (; r + 4 <= r1; r += 4)
-      for (int t = tb; t < te; t += 4) q8_tile_tokens<4>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
-    for (; r < r1; r++)
-      for (int t = tb; t < te; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
+  int r = r0;
+  if (T >= kPackMinTokens && r1 - r0 >= kPackRows) {
+    // Per thread: this call's activation sums, and one group of packed rows at a time (the
+    // group stays in L1/L2 while every token streams past it once).
+    thread_local std::vector<ActBlock> acts;
+    thread_local std::vector<PackedBlock, AlignedAllocator<PackedBlock>> packed;  // 384 B per block
+    acts.resize(size_t(T) * nb);
+    packed.resize(nb);
+    act_blocks(xq, row_bytes, nb, T, acts.data());
+    for (; r + kPackRows <= r1; r += kPackRows) {
+      pack_rows(W, row_bytes, nb, r, packed.data());
+      for (int t = 0; t < T; t += kPackTokens) packed_tokens(packed.data(), nb, xq, row_bytes, acts.data(), t, std::min(kPackTokens, T - t), r, y, ldy);
+    }
   }
+  // Decode, and rows left over: one block pair of each row at a time.
+  for (; r + 4 <= r1; r += 4)
+    for (int t = 0; t < T; t += 4) q8_tile_tokens<4>(W, row_bytes, nb, r, xq, t, std::min(4, T - t), y, ldy);
+  for (; r < r1; r++)
+    for (int t = 0; t < T; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, T - t), y, ldy);
 }
 
 }  // namespace
