@@ -162,6 +162,24 @@ class HeaderReader {
     this.bufStart = this.pos;
   }
 
+  /** Bytes from `pos` that are already in the buffer. */
+  get buffered(): number {
+    return this.bufStart + this.buf.length - this.pos;
+  }
+
+  /**
+   * The next string when it is already buffered (length prefix and bytes), else undefined with
+   * nothing consumed. Lets the large token/merge arrays be read without a promise per item.
+   */
+  bufferedString(): string | undefined {
+    if (this.buffered < 8) return undefined;
+    const o = this.pos - this.bufStart;
+    const len = this.buf.readUInt32LE(o + 4) * 2 ** 32 + this.buf.readUInt32LE(o);
+    if (len > this.buffered - 8) return undefined; // also covers lengths past the end: the slow path reports them
+    this.pos += 8 + len;
+    return this.decoder.decode(this.buf.subarray(o + 8, o + 8 + len));
+  }
+
   private at(n: number): number {
     const o = this.pos - this.bufStart;
     this.pos += n;
@@ -205,6 +223,11 @@ const toNumberIfSafe = (v: bigint): number | bigint => (v >= BigInt(Number.MIN_S
 async function readScalar(r: HeaderReader, type: GgufScalarType, what: string, fail: (m: string) => never): Promise<GgufScalar> {
   if (type === "string") return r.string(what);
   await r.need(VALUE_BYTES[type], what);
+  return bufferedScalar(r, type, () => what, fail);
+}
+
+/** A fixed-size scalar whose bytes are buffered (`what` is only built for an error message). */
+function bufferedScalar(r: HeaderReader, type: Exclude<GgufScalarType, "string">, what: () => string, fail: (m: string) => never): GgufScalar {
   switch (type) {
     case "u8": return r.u8();
     case "i8": return r.i8();
@@ -218,7 +241,7 @@ async function readScalar(r: HeaderReader, type: GgufScalarType, what: string, f
     case "i64": return toNumberIfSafe(r.i64());
     case "bool": {
       const b = r.u8();
-      if (b > 1) fail(`${what}: bool byte is ${b}, not 0 or 1`);
+      if (b > 1) fail(`${what()}: bool byte is ${b}, not 0 or 1`);
       return b === 1;
     }
   }
@@ -272,7 +295,11 @@ export async function readGguf(file: string): Promise<GgufFile> {
         const t = itemType as GgufScalarType;
         const n = await r.count(`length of metadata array ${q(key)}`, Math.floor(r.remaining / VALUE_BYTES[t]));
         const value: GgufScalar[] = new Array(n);
-        for (let j = 0; j < n; j++) value[j] = await readScalar(r, t, `item ${j} of metadata array ${q(key)}`, fail);
+        for (let j = 0; j < n; j++) {
+          // Tokenizer arrays hold ~10⁵ items: read buffered ones synchronously, no promise each.
+          const fast = t === "string" ? r.bufferedString() : r.buffered >= VALUE_BYTES[t] ? bufferedScalar(r, t, () => `item ${j} of metadata array ${q(key)}`, fail) : undefined;
+          value[j] = fast !== undefined ? fast : await readScalar(r, t, `item ${j} of metadata array ${q(key)}`, fail);
+        }
         metadata.set(key, { type: "array", itemType: t, value });
       } else {
         const t = type as GgufScalarType;
