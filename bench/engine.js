@@ -1,7 +1,7 @@
 // Prefill and decode throughput of the native engine on random-weight models at real shapes:
 // first on HF folders (F16/BF16), then against llama.cpp (node-llama-cpp) on the same GGUF files.
 // Usage: node bench/engine.js [--quick] [--gguf-only]   (quick: smollm2-135m only)
-import { existsSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, openSync } from "node:fs";
 import { join } from "node:path";
 import { Bench } from "tinybench";
 import { convertHfToGguf } from "../dist/src/models/convert.js";
@@ -79,6 +79,11 @@ async function ggufFile(preset, type) {
     process.stderr.write(`converting to ${file} ...\n`);
     await convertHfToGguf({ dir: await benchModel(preset, "f16"), out: file, type });
   }
+  // A freshly written file is still being flushed to disk for a while; timing during that
+  // write-back would charge whichever engine runs first.
+  const fd = openSync(file, "r");
+  fsyncSync(fd);
+  closeSync(fd);
   return file;
 }
 

@@ -300,7 +300,7 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   static Napi::Value RunBlockOp(Napi::Env env, std::function<BlockPtr()> op);
 
  private:
-  static Napi::Value Copy(Napi::Env env, const std::vector<float>& v) {
+  static Napi::Value Copy(Napi::Env env, const KVStore& v) {
     Napi::Float32Array a = Napi::Float32Array::New(env, v.size());
     std::copy(v.begin(), v.end(), a.Data());
     return a;
@@ -332,8 +332,16 @@ Napi::Value BlockWrap::RunBlockOp(Napi::Env env, std::function<BlockPtr()> op) {
 class SerializeWorker : public PromiseWorker {
  public:
   SerializeWorker(Napi::Env env, BlockPtr b, KVStorage s) : PromiseWorker(env), block_(std::move(b)), storage_(s) {}
-  void Run() override { bytes_ = serialize_block(*block_, storage_); }
-  Napi::Value Resolve(Napi::Env env) override { return Napi::Buffer<unsigned char>::Copy(env, bytes_.data(), bytes_.size()); }
+  void Run() override {
+    std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
+    bytes_ = serialize_block(*block_, storage_);
+  }
+  // The bytes move into the Buffer (freed with it) rather than being copied on the main thread.
+  Napi::Value Resolve(Napi::Env env) override {
+    auto* owned = new std::vector<unsigned char>(std::move(bytes_));
+    return Napi::Buffer<unsigned char>::New(
+        env, owned->data(), owned->size(), [](Napi::Env, unsigned char*, std::vector<unsigned char>* v) { delete v; }, owned);
+  }
 
  private:
   BlockPtr block_;
@@ -403,7 +411,10 @@ class DeserializeWorker : public PromiseWorker {
   DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model)
       : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)) {}
   void Run() override {
-    block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0);
+    {
+      std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
+      block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0);
+    }
     if (model_) {
       const ModelConfig& c = model_->config();
       if (block_->n_layers != c.n_layers || block_->n_kv_heads != c.n_kv_heads || block_->head_dim != c.head_dim)

@@ -1,10 +1,63 @@
 // A K/V block: every layer's keys and values for a run of tokens, the unit of DKI memory.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
+#include <utility>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace dki {
+
+// Storage of K/V blocks, which are big (46 KB per token at the 135M shape) and often made only
+// to be overwritten at once (restored from a cache tier, exported from a context):
+// - resize() leaves new elements uninitialised instead of writing zeros first;
+// - buffers of 2 MiB or more are 2 MiB-aligned and offered to transparent huge pages, so the
+//   kernel takes one page fault per 2 MiB instead of one per 4 KiB when they are first written.
+template <class T>
+struct KVAllocator {
+  using value_type = T;
+  static constexpr size_t kHuge = size_t(2) << 20;
+
+  KVAllocator() = default;
+  template <class U>
+  KVAllocator(const KVAllocator<U>&) {}
+
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    void* p = nullptr;
+    if (bytes >= kHuge) {
+      const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+      p = std::aligned_alloc(kHuge, rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      if (p) madvise(p, rounded, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+#endif
+    } else {
+      p = std::malloc(bytes ? bytes : 1);
+    }
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialise: no zeroing
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <class U>
+  bool operator==(const KVAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const KVAllocator<U>&) const { return false; }
+};
+
+using KVStore = std::vector<float, KVAllocator<float>>;
 
 struct KVBlock {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, n_tokens = 0;
@@ -14,7 +67,7 @@ struct KVBlock {
   uint64_t fingerprint = 0;  // of the model that computed it
   std::vector<int32_t> tokens;
   // [layer][kv_head][token][head_dim], fp32
-  std::vector<float> k, v;
+  KVStore k, v;
 
   size_t layer_stride() const { return size_t(n_kv_heads) * n_tokens * head_dim; }
   const float* k_layer(int l) const { return k.data() + l * layer_stride(); }

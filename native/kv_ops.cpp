@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "kernels/kernels.h"
+#include "threadpool.h"
 
 namespace dki {
 
@@ -192,6 +193,22 @@ uint64_t checksum_parts(const unsigned char* head, size_t head_size, const unsig
 }
 }  // namespace
 
+// Half-precision conversion of a whole block, split over the thread pool: it is bandwidth-bound,
+// one core does not saturate the memory system, and a fresh buffer's page faults are taken by
+// both cores at once.
+namespace {
+template <class Src, class Dst>
+void convert_parallel(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst* dst, size_t n) {
+  constexpr size_t kChunk = size_t(1) << 16;  // elements: a few pages, so chunks never share one
+  if (n < 4 * kChunk) return fn(src, dst, n);
+  const int chunks = int((n + kChunk - 1) / kChunk);
+  thread_pool().parallel_for(chunks, 1, [&](int c0, int c1) {
+    const size_t b = size_t(c0) * kChunk, e = std::min(n, size_t(c1) * kChunk);
+    fn(src + b, dst + b, e - b);
+  });
+}
+}  // namespace
+
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
   const size_t n = elements(b);
   const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
@@ -207,8 +224,8 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
     case KVStorage::BF16: {
       uint16_t* dst = reinterpret_cast<uint16_t*>(out.data() + at);  // at is even: header 64 + 4·T
       const auto convert = storage == KVStorage::F16 ? kernels().f32_to_f16 : kernels().f32_to_bf16;
-      convert(b.k.data(), dst, n);
-      convert(b.v.data(), dst + n, n);
+      convert_parallel(convert, b.k.data(), dst, n);
+      convert_parallel(convert, b.v.data(), dst + n, n);
       break;
     }
     case KVStorage::Int8: {
@@ -320,8 +337,8 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
       }
       const uint16_t* src = reinterpret_cast<const uint16_t*>(p);
       const auto convert = storage == KVStorage::F16 ? kernels().f16_to_f32 : kernels().bf16_to_f32;
-      convert(src, b->k.data(), n);
-      convert(src + n, b->v.data(), n);
+      convert_parallel(convert, src, b->k.data(), n);
+      convert_parallel(convert, src + n, b->v.data(), n);
       break;
     }
     case KVStorage::Int8: {

@@ -29,6 +29,7 @@ KVStorage parse_storage(const std::string& name);
 
 // Versioned binary: header, model fingerprint, token ids, payload in `storage` form, checksum.
 // Int8 uses per-channel scales for keys and per-token scales for values.
+// F16/BF16 conversion runs on the engine's thread pool: callers hold the compute lock.
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage);
 // Parses and verifies a serialised block; throws a dki::Error naming the problem for a short,
 // corrupt or foreign buffer. expected_fingerprint 0 skips the model check.
