@@ -13,7 +13,8 @@
         "native/kernels/kernels_avx2.cpp",
         "native/kernels/kernels_avx512.cpp",
         "native/sampler.cpp",
-        "native/kv_ops.cpp"
+        "native/kv_ops.cpp",
+        "native/kv_buffer.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")", "native"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],

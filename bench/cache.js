@@ -83,7 +83,7 @@ for (const n of SIZES) {
   // The L2 restore itself (f16 bytes → fp32 block on a worker thread), without cache bookkeeping.
   const f16 = await block.serialize("f16");
   const restoreMs = await timed(LOADS, async () => {
-    await KVBlock.deserialize(model.nativeHandle(), f16);
+    (await KVBlock.deserialize(model.nativeHandle(), f16)).dispose();
   });
 
   rows.push({

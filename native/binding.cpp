@@ -3,7 +3,9 @@
 // Heavy calls run on libuv worker threads and return Promises.
 #include <napi.h>
 
+#include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -208,6 +210,39 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
 
 // ---------------------------------------------------------------- K/V block
 
+// V8 is told how much native memory the live K/V blocks of this environment hold, so blocks that
+// are never disposed get collected under memory pressure. It is told in steps of kReportStep:
+// reporting every block (94 MB for 2048 tokens at the 135M shape) made V8 run a full collection
+// on nearly every restore, which cost more than the restore itself.
+class ExternalBlockBytes {
+ public:
+  static constexpr int64_t kReportStep = int64_t(256) << 20;
+
+  // Called on the environment's own JS thread, at creation, dispose and finalisation of a block.
+  static void add(napi_env env, int64_t bytes) {
+    Counts& c = counts(env);
+    c.live += bytes;
+    if (c.live - c.reported >= kReportStep || c.reported - c.live >= kReportStep) {
+      int64_t ignored;
+      napi_adjust_external_memory(env, c.live - c.reported, &ignored);
+      c.reported = c.live;
+    }
+  }
+
+ private:
+  struct Counts {
+    int64_t live = 0, reported = 0;
+  };
+  // Per environment (the main thread and each worker thread that loads the addon). Entries are
+  // never removed: an environment may finalise its blocks during its own teardown.
+  static Counts& counts(napi_env env) {
+    static std::mutex m;
+    static std::map<napi_env, Counts>* all = new std::map<napi_env, Counts>;
+    std::lock_guard<std::mutex> lock(m);
+    return (*all)[env];
+  }
+};
+
 class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
  public:
   static Napi::FunctionReference ctor;
@@ -225,10 +260,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   static Napi::Object Wrap(std::shared_ptr<const KVBlock> b) {
     Napi::Object obj = ctor.New({});
     BlockWrap* w = Unwrap(obj);
-    // Tell V8 how much native memory hangs off this small object, so undisposed blocks are
-    // collected under memory pressure.
     w->external_ = int64_t((b->k.size() + b->v.size()) * sizeof(float));
-    Napi::MemoryManagement::AdjustExternalMemory(obj.Env(), w->external_);
+    ExternalBlockBytes::add(obj.Env(), w->external_);
     w->env_ = obj.Env();
     w->block_ = std::move(b);
     return obj;
@@ -262,7 +295,7 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     return info.Env().Undefined();
   }
   void release() {
-    if (external_ && env_) Napi::MemoryManagement::AdjustExternalMemory(env_, -external_);
+    if (external_ && env_) ExternalBlockBytes::add(env_, -external_);
     external_ = 0;
     block_.reset();
   }
@@ -696,6 +729,18 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// setKVPoolBytes(n): bytes of freed K/V block buffers kept for reuse (0: none).
+Napi::Value SetKVPoolBytes(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setKVPoolBytes(bytes: number)");
+  const double n = info[0].As<Napi::Number>().DoubleValue();
+  if (!(n >= 0) || n > 9007199254740991.0 || n != std::floor(n)) throw Napi::RangeError::New(env, "K/V pool size must be a non-negative integer number of bytes");
+  set_kv_pool_bytes(size_t(n));
+  return env.Undefined();
+}
+
+Napi::Value KVPoolBytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(kv_pool_bytes())); }
+
 Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), thread_pool().size()); }
 
 Napi::Value SetSimd(const Napi::CallbackInfo& info) {
@@ -738,6 +783,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("deserializeBlock", Napi::Function::New(env, DeserializeBlock));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("getThreads", Napi::Function::New(env, GetThreads));
+  exports.Set("setKVPoolBytes", Napi::Function::New(env, SetKVPoolBytes));
+  exports.Set("kvPoolBytes", Napi::Function::New(env, KVPoolBytes));
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));
   exports.Set("simd", Napi::Function::New(env, Simd));
   return exports;

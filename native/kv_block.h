@@ -1,47 +1,36 @@
 // A K/V block: every layer's keys and values for a run of tokens, the unit of DKI memory.
 #pragma once
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <new>
 #include <utility>
 #include <vector>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace dki {
 
 // Storage of K/V blocks, which are big (46 KB per token at the 135M shape) and often made only
 // to be overwritten at once (restored from a cache tier, exported from a context):
 // - resize() leaves new elements uninitialised instead of writing zeros first;
-// - buffers of 2 MiB or more are 2 MiB-aligned and offered to transparent huge pages, so the
-//   kernel takes one page fault per 2 MiB instead of one per 4 KiB when they are first written.
+// - buffers of 2 MiB or more come from kv_buffer_alloc: 2 MiB-aligned, offered to transparent
+//   huge pages, and recycled through a bounded pool, so restoring a block into memory a freed
+//   block used costs no page faults at all.
+void* kv_buffer_alloc(size_t bytes);
+void kv_buffer_free(void* p, size_t bytes);
+// Bytes of freed buffers kept for reuse (default 256 MiB; 0 returns every buffer to the system).
+void set_kv_pool_bytes(size_t bytes);
+size_t kv_pool_bytes();
+
 template <class T>
 struct KVAllocator {
   using value_type = T;
-  static constexpr size_t kHuge = size_t(2) << 20;
 
   KVAllocator() = default;
   template <class U>
   KVAllocator(const KVAllocator<U>&) {}
 
-  T* allocate(size_t n) {
-    const size_t bytes = n * sizeof(T);
-    void* p = nullptr;
-    if (bytes >= kHuge) {
-      const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-      p = std::aligned_alloc(kHuge, rounded);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      if (p) madvise(p, rounded, MADV_HUGEPAGE);  // a hint: ignored where THP is off
-#endif
-    } else {
-      p = std::malloc(bytes ? bytes : 1);
-    }
-    if (!p) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
+  T* allocate(size_t n) { return static_cast<T*>(kv_buffer_alloc(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { kv_buffer_free(p, n * sizeof(T)); }
 
   template <class U>
   void construct(U* p) noexcept {

@@ -116,6 +116,40 @@ describe("K/V blocks", () => {
     }
   });
 
+  test("buffers of freed large blocks are pooled up to the set size and reused with correct contents", async () => {
+    const small = await compute(model, tokens, 0);
+    const big = await KVBlock.concat(Array.from({ length: 220 }, () => small)); // K and V 2.1 MB each
+    const bytes = await big.serialize("f16");
+    const addon = native();
+    try {
+      addon.setKVPoolBytes(0);
+      expect(addon.kvPoolBytes()).toBe(0);
+      addon.setKVPoolBytes(64 << 20);
+      const first = await KVBlock.deserialize(model, bytes);
+      const want = { k: first.keys(), v: first.values() };
+      first.dispose();
+      expect(addon.kvPoolBytes()).toBe(2 * (4 << 20)); // K and V, each rounded up to 2 MiB pages
+      const again = await KVBlock.deserialize(model, bytes); // reuses both buffers, overwriting all
+      expect(addon.kvPoolBytes()).toBe(0);
+      expect(again.keys()).toEqual(want.k);
+      expect(again.values()).toEqual(want.v);
+      // Large restores stream their stores past the cache: still the original within fp16 rounding.
+      for (const [got, orig] of [[again.keys(), big.keys()], [again.values(), big.values()]]) {
+        let worst = 0;
+        for (let i = 0; i < orig.length; i++) worst = Math.max(worst, Math.abs(got[i] - orig[i]) / Math.max(Math.abs(orig[i]), 1e-3));
+        expect(worst).toBeLessThan(2 ** -10);
+      }
+      again.dispose();
+      addon.setKVPoolBytes(4 << 20); // room for one of the two: the older is freed
+      expect(addon.kvPoolBytes()).toBe(4 << 20);
+      expect(() => addon.setKVPoolBytes(-1)).toThrow(/non-negative integer/);
+    } finally {
+      addon.setKVPoolBytes(256 << 20);
+      big.dispose();
+      small.dispose();
+    }
+  });
+
   test("corrupt, truncated and foreign serialised blocks are refused", async () => {
     const b = await compute(model, tokens, 0);
     for (const storage of ["f32", "int8"] as const) {

@@ -325,10 +325,40 @@ DKI_AVX2 void weighted_sum(const float* w, const float* v, int n, int hd, float*
   for (int c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-DKI_AVX2 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+// Restoring a large block writes far more than the caches hold: stream those stores past the
+// cache (no read-for-ownership of every destination line). Small runs stay cached for their user.
+constexpr size_t kStreamFrom = size_t(1) << 16;  // elements
+
+template <bool Stream>
+DKI_AVX2 inline void store8(float* dst, __m256 v) {
+  if (Stream) _mm256_stream_ps(dst, v);
+  else _mm256_storeu_ps(dst, v);
+}
+
+template <bool Stream>
+DKI_AVX2 void f16_to_f32_run(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i + 8 <= n; i += 8) store8<Stream>(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+  if (Stream) _mm_sfence();
+}
+
+template <bool Stream>
+DKI_AVX2 void bf16_to_f32_run(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    store8<Stream>(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; i++) dst[i] = load1<DType::BF16>(src, i);
+  if (Stream) _mm_sfence();
+}
+
+inline bool stream_to(const float* dst, size_t n) { return n >= kStreamFrom && reinterpret_cast<uintptr_t>(dst) % 32 == 0; }
+
+DKI_AVX2 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
+  if (stream_to(dst, n)) f16_to_f32_run<true>(src, dst, n);
+  else f16_to_f32_run<false>(src, dst, n);
 }
 
 DKI_AVX2 void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
@@ -339,12 +369,8 @@ DKI_AVX2 void f32_to_f16_n(const float* src, uint16_t* dst, size_t n) {
 }
 
 DKI_AVX2 void bf16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-  for (; i < n; i++) dst[i] = load1<DType::BF16>(src, i);
+  if (stream_to(dst, n)) bf16_to_f32_run<true>(src, dst, n);
+  else bf16_to_f32_run<false>(src, dst, n);
 }
 
 DKI_AVX2 void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
