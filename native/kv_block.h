@@ -12,9 +12,9 @@ namespace dki {
 // Storage of K/V blocks, which are big (46 KB per token at the 135M shape) and often made only
 // to be overwritten at once (restored from a cache tier, exported from a context):
 // - resize() leaves new elements uninitialised instead of writing zeros first;
-// - buffers of 2 MiB or more come from kv_buffer_alloc: 2 MiB-aligned, offered to transparent
-//   huge pages, and recycled through a bounded pool, so restoring a block into memory a freed
-//   block used costs no page faults at all.
+// - buffers of 256 KiB or more are recycled through a bounded pool (kv_buffer.cpp), so restoring
+//   a block into memory a freed block used costs no page faults at all; from 2 MiB up they are
+//   2 MiB-aligned and offered to transparent huge pages.
 void* kv_buffer_alloc(size_t bytes);
 void kv_buffer_free(void* p, size_t bytes);
 // Bytes of freed buffers kept for reuse (default 256 MiB; 0 returns every buffer to the system).

@@ -1,5 +1,5 @@
-// The memory behind K/V blocks (see kv_block.h): large buffers are 2 MiB-aligned, marked for
-// transparent huge pages, and kept in a bounded pool when freed. A block restored from the L2/L3
+// The memory behind K/V blocks (see kv_block.h): buffers from 256 KiB up are kept in a bounded
+// pool when freed, and those from 2 MiB up are 2 MiB-aligned and marked for transparent huge pages. A block restored from the L2/L3
 // tier right after another was evicted then writes into pages that are already mapped, instead
 // of taking a fault (and a kernel zero-fill) for every page of a fresh buffer.
 #include <cstdlib>
@@ -17,6 +17,7 @@ namespace dki {
 namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
+constexpr size_t kPooledFrom = size_t(256) << 10;  // smaller buffers: plain malloc
 
 struct Pool {
   std::mutex mutex;
@@ -39,12 +40,16 @@ Pool& pool() {
   return *p;
 }
 
-size_t rounded(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+// Pool size classes: whole huge pages from 2 MiB up, 64 KiB steps below.
+size_t rounded(size_t bytes) {
+  const size_t step = bytes >= kHuge ? kHuge : size_t(64) << 10;
+  return (bytes + step - 1) / step * step;
+}
 
 }  // namespace
 
 void* kv_buffer_alloc(size_t bytes) {
-  if (bytes < kHuge) {
+  if (bytes < kPooledFrom) {
     void* p = std::malloc(bytes ? bytes : 1);
     if (!p) throw std::bad_alloc();
     return p;
@@ -61,17 +66,17 @@ void* kv_buffer_alloc(size_t bytes) {
       return p;
     }
   }
-  void* p = std::aligned_alloc(kHuge, size);
+  void* p = std::aligned_alloc(size >= kHuge ? kHuge : 64, size);
   if (!p) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where transparent huge pages are off
+  if (size >= kHuge) madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where THP is off
 #endif
   return p;
 }
 
 void kv_buffer_free(void* p, size_t bytes) {
   if (!p) return;
-  if (bytes < kHuge) return std::free(p);
+  if (bytes < kPooledFrom) return std::free(p);
   const size_t size = rounded(bytes);
   Pool& P = pool();
   std::lock_guard<std::mutex> lock(P.mutex);

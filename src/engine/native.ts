@@ -106,7 +106,7 @@ export interface NativeAddon {
   deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array): Promise<NativeKVBlockHandle>;
   setThreads(n: number): void;
   getThreads(): number;
-  /** Bytes of freed K/V block buffers (≥ 2 MiB each) kept for reuse; default 256 MiB, 0 keeps none. */
+  /** Bytes of freed K/V block buffers (≥ 256 KiB each) kept for reuse; default 256 MiB, 0 keeps none. */
   setKVPoolBytes(bytes: number): void;
   /** Bytes the K/V buffer pool holds now. */
   kvPoolBytes(): number;
