@@ -66,12 +66,6 @@ DKI_AVX2 inline void tile(const void* W, int in, int r, const float* x, int ldx,
   int i = 0;
   for (; i + 8 <= in; i += 8) {
     __m256 w[R];
-    if (NT == 1 && WT != DType::F32 && (i & 31) == 0) {
-      // Decode streams each weight once: fetch the rows R ahead early, so the memory system
-      // has the next group in flight while this one is being multiplied.
-      for (int a = 0; a < R; a++)
-        _mm_prefetch(static_cast<const char*>(W) + (base0 + size_t(a + 2 * R) * in + i) * 2, _MM_HINT_T0);
-    }
     for (int a = 0; a < R; a++) w[a] = load8<WT>(W, base0 + size_t(a) * in + i);
     for (int b = 0; b < NT; b++) {
       __m256 xv = _mm256_loadu_ps(xs[b] + i);
@@ -98,13 +92,29 @@ DKI_AVX2 inline void tile_tokens(const float* W, int in, int r, const float* x, 
   }
 }
 
-// Decode: nothing to reuse across tokens, so take four rows at once for four independent
-// accumulator chains and more loads in flight.
+// Decode: nothing to reuse across tokens, so all that matters is how fast one core streams the
+// weights. One row at a time with four independent accumulators is a single sequential stream the
+// hardware prefetcher follows: 30 GB/s of F16 on one Zen 4 core, against 18 GB/s with four rows
+// interleaved and software prefetch.
+template <DType WT>
+DKI_AVX2 inline float row_dot(const void* W, size_t base, int in, const float* x) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 32 <= in; i += 32) {
+    a0 = _mm256_fmadd_ps(load8<WT>(W, base + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8<WT>(W, base + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(load8<WT>(W, base + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(load8<WT>(W, base + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= in; i += 8) a0 = _mm256_fmadd_ps(load8<WT>(W, base + i), _mm256_loadu_ps(x + i), a0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < in; i++) s += load1<WT>(W, base + i) * x[i];
+  return s;
+}
+
 template <DType WT>
 DKI_AVX2 void matvec(const void* W, int in, int r0, int r1, const float* x, float* y) {
-  int r = r0;
-  for (; r + 4 <= r1; r += 4) tile<WT, 4, 1>(W, in, r, x, in, 0, y, 0);
-  for (; r < r1; r++) tile<WT, 1, 1>(W, in, r, x, in, 0, y, 0);
+  for (int r = r0; r < r1; r++) y[r] = row_dot<WT>(W, size_t(r) * in, in, x);
 }
 
 // Tokens are processed in blocks small enough that their activations stay in L2 while every row
@@ -207,8 +217,6 @@ DKI_AVX2 inline void q8_tile(const unsigned char* W, size_t row_bytes, int nb, i
   const __m256i ones = _mm256_set1_epi16(1);
   for (int blk = 0; blk < nb; blk++) {
     const size_t off = size_t(blk) * kQ8BlockBytes;
-    if (NT == 1 && (blk & 1) == 0)  // decode streams each row once: keep the rows 2R ahead in flight
-      for (int a = 0; a < R; a++) _mm_prefetch(reinterpret_cast<const char*>(W + (r + a + 2 * R) * row_bytes + off), _MM_HINT_T0);
     __m256i w[R], wabs[R];
     float dw[R];
     for (int a = 0; a < R; a++) {
@@ -232,6 +240,26 @@ DKI_AVX2 inline void q8_tile(const unsigned char* W, size_t row_bytes, int nb, i
     for (int b = 0; b < NT; b++) y[size_t(t0 + b) * ldy + r + a] = hsum(acc[a][b]);
 }
 
+// One Q8_0 row against one activation row, four blocks per step on four accumulators.
+DKI_AVX2 inline float q8_row_dot(const unsigned char* w, const unsigned char* xq, int nb) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i ones = _mm256_set1_epi16(1);
+  int b = 0;
+  auto block = [&](int blk, int j) DKI_AVX2 {
+    const unsigned char* wb = w + size_t(blk) * kQ8BlockBytes;
+    const unsigned char* xb = xq + size_t(blk) * kQ8BlockBytes;
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+    acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(q8_scale(wb) * q8_scale(xb)), acc[j]);
+  };
+  for (; b + 4 <= nb; b += 4)
+    for (int j = 0; j < 4; j++) block(b + j, j);
+  for (; b < nb; b++) block(b, 0);
+  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
 template <int R>
 DKI_AVX2 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, int nb, int r, const unsigned char* xq, int t0, int nt, float* y, int ldy) {
   switch (nt) {
@@ -245,10 +273,8 @@ DKI_AVX2 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, in
 DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
-  if (T == 1) {  // decode: four rows at once for four independent chains and more loads in flight
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) q8_tile<4, 1>(W, row_bytes, nb, r, xq, 0, y, ldy);
-    for (; r < r1; r++) q8_tile<1, 1>(W, row_bytes, nb, r, xq, 0, y, ldy);
+  if (T == 1) {  // decode: one sequential stream per row, as for half-precision weights
+    for (int r = r0; r < r1; r++) y[r] = q8_row_dot(W + r * row_bytes, xq, nb);
     return;
   }
   // Prefill: a pair of rows stays in L1 while a block of tokens' activations streams from L2.

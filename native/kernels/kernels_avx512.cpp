@@ -71,8 +71,6 @@ DKI_AVX512 inline void q8_tile(const unsigned char* W, size_t row_bytes, int nb,
   for (int blk = 0; blk < nb; blk += 2) {
     const size_t off = size_t(blk) * kQ8BlockBytes;
     const bool second = blk + 1 < nb;
-    if (NT == 1)  // decode streams each row once: keep the rows 2R ahead in flight
-      for (int a = 0; a < R; a++) _mm_prefetch(reinterpret_cast<const char*>(W + (r + a + 2 * R) * row_bytes + off), _MM_HINT_T0);
     BlockPair w[R];
     __m512i init[R];
     for (int a = 0; a < R; a++) {
@@ -198,10 +196,12 @@ DKI_AVX512 void packed_tokens(const PackedBlock* P, int nb, const unsigned char*
 }
 
 DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
+  // Decode and the shortest prompts: memory-bound, and the AVX2 single-row stream is as fast.
+  if (T < kPackMinTokens) return kernels_avx2().matmul_q8(W, in, r0, r1, xq, T, y, ldy);
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
   int r = r0;
-  if (T >= kPackMinTokens && r1 - r0 >= kPackRows) {
+  if (r1 - r0 >= kPackRows) {
     // Per thread: this call's activation sums, and one group of packed rows at a time (the
     // group stays in L1/L2 while every token streams past it once).
     thread_local std::vector<ActBlock> acts;
@@ -214,7 +214,7 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
       for (int t = 0; t < T; t += kPackTokens) packed_tokens(packed.data(), nb, xq, row_bytes, acts.data(), t, std::min(kPackTokens, T - t), r, y, ldy);
     }
   }
-  // Decode, and rows left over: one block pair of each row at a time.
+  // Rows left over: one block pair of each row at a time.
   for (; r + 4 <= r1; r += 4)
     for (int t = 0; t < T; t += 4) q8_tile_tokens<4>(W, row_bytes, nb, r, xq, t, std::min(4, T - t), y, ldy);
   for (; r < r1; r++)
