@@ -1,14 +1,14 @@
 // An independent check with llama.cpp itself (node-llama-cpp's prebuilt CPU binary): on the same
 // GGUF files, converted here from a random-weight HF folder that carries the real SmolLM2
 // tokenizer, llama.cpp and this engine tokenise text identically and their greedy continuations
-// agree. The model has the tiny preset's shapes (hidden 64, 2 layers, vocab 49152), not
-// smollm2-135m's, to keep the suite fast; bench/ runs the real shapes against llama.cpp.
+// agree. Tiny shapes cover llama, qwen2 and Llama 3 rope scaling quickly; the issue's own shape,
+// SmolLM2-135M's, runs with the default and with calm (gains 1) random weights.
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { LogitsMode } from "../src/engine/native.js";
 import { convertHfToGguf, type GgufOutType } from "../src/models/convert.js";
-import { makeTinyModel, type ShapeOverrides, type TinyArch, type TinyPreset } from "../src/models/make-tiny.js";
+import { makeTinyModel, type ShapeOverrides, type TinyArch, type TinyPreset, type WeightGains } from "../src/models/make-tiny.js";
 import { tempDir } from "./support/paths.js";
 import { TOKENIZER_TEXTS } from "./support/tokenizer-texts.js";
 
@@ -61,13 +61,28 @@ interface Variant {
   arch: TinyArch;
   preset: TinyPreset;
   overrides?: ShapeOverrides;
+  gains?: Partial<WeightGains>;
   types: GgufOutType[];
+  /** Lower bounds on free-running agreement, where the model is calm enough for one to hold. */
+  freeRunning?: Partial<Record<GgufOutType, number>>;
   tokenizer: boolean;
 }
 
 const VARIANTS: Variant[] = [
   { label: "llama", arch: "llama", preset: "tiny", types: ["f32", "f16", "q8_0"], tokenizer: true },
   { label: "qwen2", arch: "qwen2", preset: "tiny", types: ["f32", "f16", "q8_0"], tokenizer: true },
+  // The issue's own shape: SmolLM2-135M's (30 layers, hidden 576, 9/3 heads). With the default
+  // sharp gains only F16 is meaningful: rounding activations to Q8_0 flips a value across a
+  // rounding boundary now and then, and 30 chaotic layers amplify each flip, so llama.cpp's own
+  // F16 and Q8_0 runs agree on 1.9% of greedy tokens and this engine's scalar, AVX2 and AVX-512
+  // paths (the same integer arithmetic, summed in another order) on ~55% of top-1 choices.
+  { label: "llama smollm2-135m shape", arch: "llama", preset: "smollm2-135m", types: ["f16"], tokenizer: false },
+  // Conditioned like a trained model (gains 1), Q8_0 is measurable: llama.cpp's F16 and Q8_0 runs
+  // agree on ~70% free running, and step by step this engine agrees with llama.cpp on ≥ 95%.
+  {
+    label: "llama smollm2-135m shape, gains 1", arch: "llama", preset: "smollm2-135m", gains: { qk: 1, residual: 1 }, types: ["f16", "q8_0"], tokenizer: false,
+    freeRunning: { f16: 0.95 },
+  },
   // llama-1b's Llama 3 rope scaling (rope_freqs.weight in the file) at tiny sizes
   {
     label: "llama (Llama 3 rope scaling)", arch: "llama", preset: "llama-1b", types: ["f32", "f16"], tokenizer: false,
@@ -84,7 +99,7 @@ describe.skipIf("error" in loaded).each(VARIANTS.map((v) => [v.label, v] as cons
   const greedy: Partial<Record<GgufOutType, { ours: number[][]; theirs: number[][] }>> = {};
 
   beforeAll(async () => {
-    await makeTinyModel({ arch: v.arch, preset: v.preset, dtype: "f32", out: hf, seed: 21, overrides: v.overrides });
+    await makeTinyModel({ arch: v.arch, preset: v.preset, dtype: "f32", out: hf, seed: 21, overrides: v.overrides, gains: v.gains });
     for (const type of v.types) {
       files[type] = join(dir, `${type}.gguf`);
       await convertHfToGguf({ dir: hf, out: files[type]!, type });
@@ -190,5 +205,7 @@ describe.skipIf("error" in loaded).each(VARIANTS.map((v) => [v.label, v] as cons
     // differ.
     expect(stepwise).toBeGreaterThanOrEqual(0.95);
     if (type === "f32") expect(freeRunning).toBeGreaterThanOrEqual(0.95);
+    const bar = v.freeRunning?.[type];
+    if (bar !== undefined) expect(freeRunning).toBeGreaterThanOrEqual(bar);
   });
 });
