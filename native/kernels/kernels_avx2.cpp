@@ -270,6 +270,77 @@ DKI_AVX2 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, in
   }
 }
 
+// Prefill on repacked rows, as the AVX-512 path does but four rows wide: each 32-byte block is
+// cut into four 8-byte chunks, and a packed chunk holds that chunk of rows 0..3 side by side. The
+// token's 8 activation bytes are broadcast to all four places; maddubs needs an unsigned operand,
+// so the weights enter as |w| (packed once) and the activations take the weights' signs. Lanes 2i
+// and 2i+1 then accumulate row i, and one conversion and one FMA per block serve four rows.
+constexpr int kPackRows = 4;
+constexpr int kPackTokens = 4;
+
+struct alignas(32) PackedBlock4 {
+  unsigned char w[4][32];     // chunk c: bytes 8c..8c+7 of rows 0..3 (signed, for the signs)
+  unsigned char wabs[4][32];  // the same, |w|
+  float d[8];                 // lanes 2i, 2i+1: row i's scale
+};
+
+void pack_rows4(const unsigned char* W, size_t row_bytes, int nb, int r, PackedBlock4* out) {
+  for (int blk = 0; blk < nb; blk++) {
+    PackedBlock4& pb = out[blk];
+    for (int i = 0; i < kPackRows; i++) {
+      const unsigned char* wb = W + size_t(r + i) * row_bytes + size_t(blk) * kQ8BlockBytes;
+      for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) {
+          const int8_t v = int8_t(wb[2 + 8 * c + k]);
+          pb.w[c][8 * i + k] = static_cast<unsigned char>(v);
+          pb.wabs[c][8 * i + k] = static_cast<unsigned char>(v < 0 ? -v : v);
+        }
+      uint16_t h;
+      __builtin_memcpy(&h, wb, 2);
+      pb.d[2 * i] = pb.d[2 * i + 1] = f16_to_f32(h);
+    }
+  }
+}
+
+template <int NT>
+DKI_AVX2 void packed_tile4(const PackedBlock4* P, int nb, const unsigned char* xq, size_t row_bytes, int t0, int r, float* y, int ldy) {
+  __m256 acc[NT];
+  for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int blk = 0; blk < nb; blk++) {
+    const PackedBlock4& pb = P[blk];
+    const __m256 dw = _mm256_load_ps(pb.d);
+    for (int j = 0; j < NT; j++) {
+      const unsigned char* xb = xq + size_t(t0 + j) * row_bytes + size_t(blk) * kQ8BlockBytes;
+      __m256i sum = _mm256_setzero_si256();
+      for (int c = 0; c < 4; c++) {
+        long long xc;
+        __builtin_memcpy(&xc, xb + 2 + 8 * c, 8);
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.w[c]));
+        const __m256i wabs = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.wabs[c]));
+        const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(_mm256_set1_epi64x(xc), w));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, ones));
+      }
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(q8_scale(xb))), acc[j]);
+    }
+  }
+  // Lanes (0,1) (2,3) | (4,5) (6,7) hold rows 0, 1 | 2, 3: add neighbours, keep one of each pair.
+  for (int j = 0; j < NT; j++) {
+    const __m256 h = _mm256_hadd_ps(acc[j], acc[j]);  // [r0 r1 r0 r1 | r2 r3 r2 r3]
+    const __m128d lo = _mm_castps_pd(_mm256_castps256_ps128(h)), hi = _mm_castps_pd(_mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(y + size_t(t0 + j) * ldy + r, _mm_castpd_ps(_mm_unpacklo_pd(lo, hi)));
+  }
+}
+
+DKI_AVX2 void packed_tokens4(const PackedBlock4* P, int nb, const unsigned char* xq, size_t row_bytes, int t0, int nt, int r, float* y, int ldy) {
+  switch (nt) {
+    case 4: packed_tile4<4>(P, nb, xq, row_bytes, t0, r, y, ldy); break;
+    case 3: packed_tile4<3>(P, nb, xq, row_bytes, t0, r, y, ldy); break;
+    case 2: packed_tile4<2>(P, nb, xq, row_bytes, t0, r, y, ldy); break;
+    default: packed_tile4<1>(P, nb, xq, row_bytes, t0, r, y, ldy); break;
+  }
+}
+
 DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
@@ -277,15 +348,16 @@ DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const un
     for (int r = r0; r < r1; r++) y[r] = q8_row_dot(W + r * row_bytes, xq, nb);
     return;
   }
-  // Prefill: a pair of rows stays in L1 while a block of tokens' activations streams from L2.
-  for (int tb = 0; tb < T; tb += kTokenBlock) {
-    const int te = std::min(tb + kTokenBlock, T);
-    int r = r0;
-    for (; r + 2 <= r1; r += 2)
-      for (int t = tb; t < te; t += 4) q8_tile_tokens<2>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
-    for (; r < r1; r++)
-      for (int t = tb; t < te; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, te - t), y, ldy);
+  // Prefill: one group of packed rows at a time stays in L1/L2 while every token streams past.
+  thread_local std::vector<PackedBlock4> packed;
+  packed.resize(nb);
+  int r = r0;
+  for (; r + kPackRows <= r1; r += kPackRows) {
+    pack_rows4(W, row_bytes, nb, r, packed.data());
+    for (int t = 0; t < T; t += kPackTokens) packed_tokens4(packed.data(), nb, xq, row_bytes, t, std::min(kPackTokens, T - t), r, y, ldy);
   }
+  for (; r < r1; r++)
+    for (int t = 0; t < T; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, T - t), y, ldy);
 }
 
 DKI_AVX2 float dot(const float* a, const float* b, int n) {
