@@ -157,7 +157,10 @@ for (const preset of quick ? ["smollm2-135m"] : ["smollm2-135m", "llama-1b"]) {
   }
 }
 
-writeResults("engine-vs-llamacpp-cpu", {
+// DKI_SIMD=avx2 (with llama.cpp's better CPU variants moved out of its bins folder) compares the
+// AVX2 paths of both engines, the situation of a CPU without AVX-512: kept in its own file.
+const simdSuffix = process.env.DKI_SIMD && process.env.DKI_SIMD !== "auto" ? `-${process.env.DKI_SIMD}` : "";
+writeResults(`engine-vs-llamacpp-cpu${simdSuffix}`, {
   machine: machine(native()),
   columns: ["model", "type", "pp512 tok/s (ours)", "pp512 tok/s (llama.cpp)", "pp ratio", "tg128 tok/s (ours)", "tg128 tok/s (llama.cpp)", "tg ratio"],
   rows: versus,

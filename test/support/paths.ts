@@ -8,8 +8,9 @@ export const fixtures = join(repoRoot, "test", "fixtures");
 export const hfLlamaTiny = join(fixtures, "hf", "llama-tiny");
 export const smollm2Tokenizer = join(repoRoot, "models", "tokenizers", "smollm2");
 
+/** A fresh folder inside this test run's temp root (see global-setup.ts), removed with it. */
 export function tempDir(prefix = "dki-test-"): string {
-  return mkdtempSync(join(tmpdir(), prefix));
+  return mkdtempSync(join(process.env.DKI_TEST_TMP ?? tmpdir(), prefix));
 }
 
 export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
