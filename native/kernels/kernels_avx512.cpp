@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <new>
 #include <vector>
 
 #include "kernels.h"
@@ -32,19 +31,6 @@ DKI_AVX512 inline float q8_scale_f32(const unsigned char* block) {
   __builtin_memcpy(&h, block, 2);
   return _cvtsh_ss(h);
 }
-
-// std::vector storage aligned for 512-bit loads.
-template <class T>
-struct AlignedAllocator {
-  using value_type = T;
-  AlignedAllocator() = default;
-  template <class U>
-  AlignedAllocator(const AlignedAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  bool operator==(const AlignedAllocator&) const { return true; }
-  bool operator!=(const AlignedAllocator&) const { return false; }
-};
 
 DKI_AVX512 inline BlockPair load_pair(const unsigned char* b0, bool has_second) {
   uint16_t h0, h1 = 0;
@@ -205,7 +191,7 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
     // Per thread: this call's activation sums, and one group of packed rows at a time (the
     // group stays in L1/L2 while every token streams past it once).
     thread_local std::vector<ActBlock> acts;
-    thread_local std::vector<PackedBlock, AlignedAllocator<PackedBlock>> packed;  // 384 B per block
+    thread_local std::vector<PackedBlock> packed;  // 384 B per block; alignas(64) is honoured (C++17)
     acts.resize(size_t(T) * nb);
     packed.resize(nb);
     act_blocks(xq, row_bytes, nb, T, acts.data());
