@@ -268,3 +268,65 @@ describe("invalidate and arguments", () => {
     await expect(cache.get(req(0))).rejects.toThrow(/closed/);
   });
 });
+
+describe("release", () => {
+  const disposed = (b: { keys(): Float32Array }) => {
+    try {
+      b.keys();
+      return false;
+    } catch (e) {
+      return /disposed/.test((e as Error).message);
+    }
+  };
+
+  test("a released block the cache made is freed once it has left L1; an unreleased one stays usable", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: 0, l2Bytes: 1 << 20, l3Bytes: 1 << 20 } });
+    const kept = await cache.get(req(0)); // computed, then straight down to L2 (L1 holds nothing)
+    const freed = await cache.get(req(1));
+    await cache.flush();
+    expect(disposed(kept.block)).toBe(false);
+    freed.release();
+    expect(disposed(freed.block)).toBe(true);
+    expect(disposed(kept.block)).toBe(false); // never released: left to the garbage collector
+    // The L2 copy is intact: the next get restores the same values.
+    const again = await cache.get(req(1));
+    expect(again.tier).toBe("L2");
+    const fresh = await model.computeBlock(req(1).tokens);
+    expect(maxAbsDiff(again.block.keys(), fresh.keys())).toBeLessThan(1e-2); // L2 holds f16
+    fresh.dispose();
+    again.release();
+    await cache.close();
+  });
+
+  test("a block in L1 outlives its releases; two callers hold it until both release; release is once per hit", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    const a = await cache.get(req(2));
+    const b = await cache.get(req(2));
+    expect(b.tier).toBe("L1");
+    expect(b.block).toBe(a.block);
+    a.release();
+    a.release(); // a second release of the same hit must not count as b's
+    b.release();
+    expect(disposed(a.block)).toBe(false); // still L1's
+    const c = await cache.get(req(2));
+    await cache.invalidate(a.key); // leaves L1 with c still holding it
+    expect(disposed(c.block)).toBe(false);
+    c.release();
+    await cache.flush(); // the write-behind to L3 may still be reading it; freed when it is done
+    expect(disposed(c.block)).toBe(true);
+    await cache.close();
+  });
+
+  test("blocks given to put() are never freed by the cache", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    const mine = await model.computeBlock(req(3).tokens);
+    await cache.put(req(3), mine);
+    const hit = await cache.get(req(3));
+    expect(hit.block).toBe(mine);
+    hit.release();
+    await cache.invalidate(hit.key);
+    expect(disposed(mine)).toBe(false);
+    mine.dispose();
+    await cache.close();
+  });
+});

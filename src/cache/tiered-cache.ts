@@ -19,10 +19,11 @@
 // it is never injected. Keys (keys.ts) cover the user, the model, the content and the dtype.
 //
 // Ownership: blocks returned by get() and blocks given to put() belong to the cache. Callers may
-// use them (inject them, slice or remap them into new blocks) but must not dispose them. The
-// cache never disposes a block either: an evicted block may still be in use, so eviction only
-// drops the cache's reference and the garbage collector reclaims the native memory (blocks
-// report their size to V8).
+// use them (inject them, slice or remap them into new blocks) but must not dispose them. A caller
+// done with a hit calls hit.release(): a block the cache made itself (restored or computed) is
+// then freed as soon as it has also left L1 and no background job or other hit holds it, and its
+// buffers go back to the engine's pool for the next restore. Blocks never released, and blocks
+// given to put(), are left to the garbage collector (blocks report their size to V8).
 //
 // Conversions (serialise, quantise, dequantise) run on libuv worker threads and file I/O is
 // asynchronous, so the event loop is never blocked by cache work.
@@ -86,7 +87,16 @@ export interface CacheHit {
   /** From the call to the block being ready. */
   loadMs: number;
   key: string;
+  /**
+   * Says this caller is done with the block (optional; further calls do nothing). Once it has
+   * also left L1, the cache frees it at once instead of waiting for the garbage collector, so
+   * its memory serves the next restore. Do not use the block after releasing it.
+   */
+  release(): void;
 }
+
+/** A hit before it is handed to one caller (concurrent gets of one key share it). */
+type Served = Omit<CacheHit, "release">;
 
 export interface TierStats {
   entries: number;
@@ -144,7 +154,13 @@ export class TieredKVCache {
   private readonly writing = new Map<string, Job>();
   private readonly jobs = new Set<Job>();
   /** Gets in progress: identical requests share one load (single flight). */
-  private readonly inflight = new Map<string, Promise<CacheHit>>();
+  private readonly inflight = new Map<string, Promise<Served>>();
+  /** Unreleased hits per block. */
+  private readonly leases = new Map<KVBlock, number>();
+  /** Background jobs reading a block (encoding it for L2, writing it to L3). */
+  private readonly pins = new Map<KVBlock, number>();
+  /** Blocks the cache made (restored or computed), the only ones it may free. */
+  private readonly made = new WeakSet<KVBlock>();
   /** Cancellation flags of the loads in progress. */
   private readonly loads = new Set<Job>();
   private clock = 0;
@@ -208,7 +224,7 @@ export class TieredKVCache {
     const hot = this.l1.get(r.key);
     if (hot) {
       hot.usage.touch(now);
-      return this.served("L1", hot.value, r.key, t0);
+      return this.leased(this.served("L1", hot.value, r.key, t0));
     }
     const leaving = this.leavingL1.get(r.key);
     if (leaving) {
@@ -216,16 +232,20 @@ export class TieredKVCache {
       this.leavingL1.delete(r.key);
       leaving.usage.touch(now);
       this.admitL1(leaving);
-      return this.served("L1", leaving.value, r.key, t0);
+      return this.leased(this.served("L1", leaving.value, r.key, t0));
     }
     const running = this.inflight.get(r.key);
     if (running) {
       this.singleFlightJoins++;
-      return running;
+      return this.leased(await running);
     }
     const p = this.load(r, t0, now).finally(() => this.inflight.delete(r.key));
     this.inflight.set(r.key, p);
-    return p;
+    const hit = this.leased(await p);
+    // Every block load() returns was made here (restored or computed); marked only now that a
+    // lease holds it, so nothing frees it between its load and its hand-out.
+    this.made.add(hit.block);
+    return hit;
   }
 
   /**
@@ -250,12 +270,21 @@ export class TieredKVCache {
     this.checkOpen();
     if (typeof key !== "string" || !KEY_PATTERN.test(key)) throw new DkiArgumentError(`not a cache key: ${JSON.stringify(key)}`);
     for (const j of [...this.jobs, ...this.loads]) if (j.key === key) j.cancelled = true;
+    const dropped = this.l1BlocksWhere((k) => k === key);
     this.l1.remove(key);
     this.l2.remove(key);
     this.leavingL1.delete(key);
     this.leavingL2.delete(key);
     this.writing.delete(key);
+    for (const [k, b] of dropped) this.freeIfUnused(b, k);
     await this.l3.remove(key);
+  }
+
+  /** The blocks in L1 or on their way down from it whose key passes `pick`, with their keys. */
+  private l1BlocksWhere(pick: (key: string, userHash: string) => boolean): [string, KVBlock][] {
+    const out: [string, KVBlock][] = [];
+    for (const e of [...this.l1.values(), ...this.leavingL1.values()]) if (pick(e.key, e.userHash)) out.push([e.key, e.value]);
+    return out;
   }
 
   /** Removes every entry of one user from every tier, including L3 files from earlier sessions. */
@@ -264,11 +293,13 @@ export class TieredKVCache {
     if (typeof userId !== "string" || userId === "") throw new DkiArgumentError("userId must be a non-empty string");
     const uh = userHash(userId);
     for (const j of [...this.jobs, ...this.loads]) if (j.userHash === uh) j.cancelled = true;
+    const dropped = this.l1BlocksWhere((_, u) => u === uh);
     this.l1.removeUser(uh);
     this.l2.removeUser(uh);
     for (const m of [this.leavingL1, this.leavingL2, this.writing]) {
       for (const [k, v] of m) if (v.userHash === uh) m.delete(k);
     }
+    for (const [k, b] of dropped) this.freeIfUnused(b, k);
     await this.l3.removeUser(uh);
   }
 
@@ -322,14 +353,16 @@ export class TieredKVCache {
     this.closed = true;
     await Promise.allSettled([...this.inflight.values()]);
     await this.flush();
+    const dropped = this.l1BlocksWhere(() => true);
     for (const m of [this.l1, this.l2]) for (const e of [...m.values()]) m.remove(e.key);
     this.leavingL1.clear();
     this.leavingL2.clear();
+    for (const [k, b] of dropped) this.freeIfUnused(b, k);
   }
 
   // ---- loading
 
-  private async load(r: Identified, t0: number, now: number): Promise<CacheHit> {
+  private async load(r: Identified, t0: number, now: number): Promise<Served> {
     const ctl: Job = { key: r.key, userHash: r.userHash, cancelled: false };
     this.loads.add(ctl);
     try {
@@ -402,7 +435,45 @@ export class TieredKVCache {
     }
   }
 
-  private served(tier: Tier, block: KVBlock, key: string, t0: number): CacheHit {
+  /** One caller's hit: counts a lease on the block until release(). */
+  private leased(s: Served): CacheHit {
+    this.leases.set(s.block, (this.leases.get(s.block) ?? 0) + 1);
+    let released = false;
+    return {
+      ...s,
+      release: () => {
+        if (released) return;
+        released = true;
+        const n = (this.leases.get(s.block) ?? 1) - 1;
+        if (n > 0) this.leases.set(s.block, n);
+        else this.leases.delete(s.block);
+        this.freeIfUnused(s.block, s.key);
+      },
+    };
+  }
+
+  /** Frees a block the cache made once no hit, no job and neither L1 nor its way down holds it. */
+  private freeIfUnused(block: KVBlock, key: string): void {
+    if (!this.made.has(block) || this.leases.has(block) || this.pins.has(block)) return;
+    if (this.l1.get(key)?.value === block || this.leavingL1.get(key)?.value === block) return;
+    this.made.delete(block);
+    block.dispose();
+  }
+
+  /** Runs fn with the block held against freeing. */
+  private async pinned<T>(block: KVBlock, key: string, fn: () => Promise<T>): Promise<T> {
+    this.pins.set(block, (this.pins.get(block) ?? 0) + 1);
+    try {
+      return await fn();
+    } finally {
+      const n = this.pins.get(block)! - 1;
+      if (n > 0) this.pins.set(block, n);
+      else this.pins.delete(block);
+      this.freeIfUnused(block, key);
+    }
+  }
+
+  private served(tier: Tier, block: KVBlock, key: string, t0: number): Served {
     const loadMs = performance.now() - t0;
     this.hits[tier]++;
     this.latency[tier].add(loadMs);
@@ -420,7 +491,7 @@ export class TieredKVCache {
     if (!this.l3.fits(ENTRY_HEADER_BYTES + serializedBytes(block, "int8"))) return Promise.resolve();
     const job = this.background(r.key, r.userHash, async (job) => {
       try {
-        const bytes = await block.serialize("int8");
+        const bytes = await this.pinned(block, r.key, () => block.serialize("int8"));
         if (!job.cancelled) await this.l3.write(r.key, r.userHash, usage, bytes, () => job.cancelled);
       } finally {
         if (this.writing.get(r.key) === job) this.writing.delete(r.key);
@@ -446,22 +517,27 @@ export class TieredKVCache {
   /** Converts an L1 victim to L2 form (or, if L2 cannot hold it, to L3 form). */
   private demoteFromL1(e: Entry<KVBlock>): void {
     const toL2 = this.l2.fits(this.l2.cost(e.value));
-    if (!toL2 && this.inL3Soon(e.key)) return; // nothing to keep below L1 but the L3 copy, which exists
+    if (!toL2 && this.inL3Soon(e.key)) {
+      this.freeIfUnused(e.value, e.key); // nothing to keep below L1 but the L3 copy, which exists
+      return;
+    }
     this.leavingL1.set(e.key, e);
-    this.background(e.key, e.userHash, async (job) => {
-      try {
-        if (toL2) {
-          const bytes = await this.l2.encode(e.value);
-          if (this.leavingL1.get(e.key) !== e || job.cancelled) return; // taken back, replaced or invalidated
-          this.leavingL1.delete(e.key);
-          this.admitL2({ ...e, bytes: bytes.length, value: bytes });
-        } else {
-          await this.writeL3(e, e.value, job, () => this.leavingL1.get(e.key) === e);
+    this.background(e.key, e.userHash, (job) =>
+      this.pinned(e.value, e.key, async () => {
+        try {
+          if (toL2) {
+            const bytes = await this.l2.encode(e.value);
+            if (this.leavingL1.get(e.key) !== e || job.cancelled) return; // taken back, replaced or invalidated
+            this.leavingL1.delete(e.key);
+            this.admitL2({ ...e, bytes: bytes.length, value: bytes });
+          } else {
+            await this.writeL3(e, e.value, job, () => this.leavingL1.get(e.key) === e);
+          }
+        } finally {
+          if (this.leavingL1.get(e.key) === e) this.leavingL1.delete(e.key);
         }
-      } finally {
-        if (this.leavingL1.get(e.key) === e) this.leavingL1.delete(e.key);
-      }
-    });
+      }),
+    );
   }
 
   private admitL2(e: Entry<Buffer>): void {
