@@ -206,41 +206,9 @@ DKI_AVX2 inline float q8_scale(const unsigned char* block) {
   return _cvtsh_ss(d);
 }
 
-// Micro-kernel: Q8_0 rows r..r+R-1 against activation rows t0..t0+NT-1. maddubs multiplies an
-// unsigned by a signed operand, so the weights enter as |w| and the activations carry w's sign
-// (|w|, |x| ≤ 127 keep the pairwise int16 sums below saturation).
-template <int R, int NT>
-DKI_AVX2 inline void q8_tile(const unsigned char* W, size_t row_bytes, int nb, int r, const unsigned char* xq, int t0, float* y, int ldy) {
-  __m256 acc[R][NT];
-  for (int a = 0; a < R; a++)
-    for (int b = 0; b < NT; b++) acc[a][b] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int blk = 0; blk < nb; blk++) {
-    const size_t off = size_t(blk) * kQ8BlockBytes;
-    __m256i w[R], wabs[R];
-    float dw[R];
-    for (int a = 0; a < R; a++) {
-      const unsigned char* wb = W + (r + a) * row_bytes + off;
-      dw[a] = q8_scale(wb);
-      w[a] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
-      wabs[a] = _mm256_sign_epi8(w[a], w[a]);
-    }
-    for (int b = 0; b < NT; b++) {
-      const unsigned char* xb = xq + size_t(t0 + b) * row_bytes + off;
-      const float dx = q8_scale(xb);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
-      for (int a = 0; a < R; a++) {
-        const __m256i p16 = _mm256_maddubs_epi16(wabs[a], _mm256_sign_epi8(xv, w[a]));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        acc[a][b] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[a] * dx), acc[a][b]);
-      }
-    }
-  }
-  for (int a = 0; a < R; a++)
-    for (int b = 0; b < NT; b++) y[size_t(t0 + b) * ldy + r + a] = hsum(acc[a][b]);
-}
-
-// One Q8_0 row against one activation row, four blocks per step on four accumulators.
+// One Q8_0 row against one activation row, four blocks per step on four accumulators. maddubs
+// multiplies an unsigned by a signed operand, so the weights enter as |w| and the activations
+// carry w's sign (|w|, |x| ≤ 127 keep the pairwise int16 sums below saturation).
 DKI_AVX2 inline float q8_row_dot(const unsigned char* w, const unsigned char* xq, int nb) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   const __m256i ones = _mm256_set1_epi16(1);
@@ -258,16 +226,6 @@ DKI_AVX2 inline float q8_row_dot(const unsigned char* w, const unsigned char* xq
     for (int j = 0; j < 4; j++) block(b + j, j);
   for (; b < nb; b++) block(b, 0);
   return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-}
-
-template <int R>
-DKI_AVX2 inline void q8_tile_tokens(const unsigned char* W, size_t row_bytes, int nb, int r, const unsigned char* xq, int t0, int nt, float* y, int ldy) {
-  switch (nt) {
-    case 4: q8_tile<R, 4>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
-    case 3: q8_tile<R, 3>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
-    case 2: q8_tile<R, 2>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
-    default: q8_tile<R, 1>(W, row_bytes, nb, r, xq, t0, y, ldy); break;
-  }
 }
 
 // Prefill on repacked rows, as the AVX-512 path does but four rows wide: each 32-byte block is
@@ -344,20 +302,19 @@ DKI_AVX2 void packed_tokens4(const PackedBlock4* P, int nb, const unsigned char*
 DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
-  if (T == 1) {  // decode: one sequential stream per row, as for half-precision weights
-    for (int r = r0; r < r1; r++) y[r] = q8_row_dot(W + r * row_bytes, xq, nb);
-    return;
-  }
-  // Prefill: one group of packed rows at a time stays in L1/L2 while every token streams past.
-  thread_local std::vector<PackedBlock4> packed;
-  packed.resize(nb);
   int r = r0;
-  for (; r + kPackRows <= r1; r += kPackRows) {
-    pack_rows4(W, row_bytes, nb, r, packed.data());
-    for (int t = 0; t < T; t += kPackTokens) packed_tokens4(packed.data(), nb, xq, row_bytes, t, std::min(kPackTokens, T - t), r, y, ldy);
+  if (T > 1) {
+    // Prefill: one group of packed rows at a time stays in L1/L2 while every token streams past.
+    thread_local std::vector<PackedBlock4> packed;
+    packed.resize(nb);
+    for (; r + kPackRows <= r1; r += kPackRows) {
+      pack_rows4(W, row_bytes, nb, r, packed.data());
+      for (int t = 0; t < T; t += kPackTokens) packed_tokens4(packed.data(), nb, xq, row_bytes, t, std::min(kPackTokens, T - t), r, y, ldy);
+    }
   }
+  // Decode, and prefill's rows left over: each row one sequential stream, as for F16 weights.
   for (; r < r1; r++)
-    for (int t = 0; t < T; t += 4) q8_tile_tokens<1>(W, row_bytes, nb, r, xq, t, std::min(4, T - t), y, ldy);
+    for (int t = 0; t < T; t++) y[size_t(t) * ldy + r] = q8_row_dot(W + r * row_bytes, xq + t * row_bytes, nb);
 }
 
 DKI_AVX2 float dot(const float* a, const float* b, int n) {
