@@ -437,16 +437,14 @@ export class TieredKVCache {
 
   /** One caller's hit: counts a lease on the block until release(). */
   private leased(s: Served): CacheHit {
-    this.leases.set(s.block, (this.leases.get(s.block) ?? 0) + 1);
+    addCount(this.leases, s.block, 1);
     let released = false;
     return {
       ...s,
       release: () => {
         if (released) return;
         released = true;
-        const n = (this.leases.get(s.block) ?? 1) - 1;
-        if (n > 0) this.leases.set(s.block, n);
-        else this.leases.delete(s.block);
+        addCount(this.leases, s.block, -1);
         this.freeIfUnused(s.block, s.key);
       },
     };
@@ -462,13 +460,11 @@ export class TieredKVCache {
 
   /** Runs fn with the block held against freeing. */
   private async pinned<T>(block: KVBlock, key: string, fn: () => Promise<T>): Promise<T> {
-    this.pins.set(block, (this.pins.get(block) ?? 0) + 1);
+    addCount(this.pins, block, 1);
     try {
       return await fn();
     } finally {
-      const n = this.pins.get(block)! - 1;
-      if (n > 0) this.pins.set(block, n);
-      else this.pins.delete(block);
+      addCount(this.pins, block, -1);
       this.freeIfUnused(block, key);
     }
   }
@@ -628,4 +624,11 @@ export class TieredKVCache {
   private checkOpen(): void {
     if (this.closed) throw new Error("the K/V cache has been closed");
   }
+}
+
+/** Adds delta to a count kept in a map; a count that reaches 0 leaves the map. */
+function addCount<K>(counts: Map<K, number>, key: K, delta: number): void {
+  const n = (counts.get(key) ?? 0) + delta;
+  if (n > 0) counts.set(key, n);
+  else counts.delete(key);
 }
