@@ -191,12 +191,10 @@ uint64_t checksum_parts(const unsigned char* head, size_t head_size, const unsig
   h ^= h >> 31;
   return h;
 }
-}  // namespace
 
 // Half-precision conversion of a whole block, split over the thread pool: it is bandwidth-bound,
 // one core does not saturate the memory system, and a fresh buffer's page faults are taken by
 // both cores at once.
-namespace {
 template <class Src, class Dst>
 void convert_parallel(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst* dst, size_t n) {
   constexpr size_t kChunk = size_t(1) << 16;  // elements: a few pages, so chunks never share one
