@@ -15,6 +15,9 @@
 #include "model.h"
 #include "sampler.h"
 #include "threadpool.h"
+#ifdef DKI_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -108,6 +111,14 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     o.Set("fingerprint", fp);
     o.Set("paramCount", double(m->param_count()));
     o.Set("weightBytes", double(m->weight_bytes()));
+    o.Set("device", "cpu");
+    o.Set("deviceBytes", 0.0);
+#ifdef DKI_CUDA
+    if (const auto& dw = m->device_weights()) {
+      o.Set("device", "cuda");
+      o.Set("deviceBytes", double(cuda_weight_bytes(*dw)));
+    }
+#endif
     return o;
   }
   // Drops this handle's reference; contexts that still use the model keep it alive.
@@ -121,11 +132,16 @@ Napi::FunctionReference ModelWrap::ctor;
 
 class LoadWorker : public PromiseWorker {
  public:
-  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize)
-      : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize) {}
+  // cuda_device < 0: the model runs on the CPU; otherwise its weights go to that GPU.
+  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize, int cuda_device)
+      : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize), cuda_device_(cuda_device) {}
   void Run() override {
     std::lock_guard<std::mutex> lock(g_compute);  // quantising uses the thread pool
-    model_ = std::make_shared<const Model>(cfg_, specs_, quantize_);
+    auto m = std::make_shared<Model>(cfg_, specs_, quantize_);
+#ifdef DKI_CUDA
+    if (cuda_device_ >= 0) m->set_device_weights(cuda_upload(*m, cuda_device_));
+#endif
+    model_ = std::move(m);
   }
   Napi::Value Resolve(Napi::Env env) override {
     Napi::Object obj = ModelWrap::ctor.New({});
@@ -137,6 +153,7 @@ class LoadWorker : public PromiseWorker {
   ModelConfig cfg_;
   std::vector<TensorSpec> specs_;
   DType quantize_;
+  int cuda_device_;
   std::shared_ptr<const Model> model_;
 };
 
@@ -202,7 +219,18 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
     if (q == "q8_0") quantize = DType::Q8_0;
     else if (q != "none") throw_type(env, "quantize must be \"none\" or \"q8_0\", got \"" + q + "\"");
   }
-  auto* w = new LoadWorker(env, cfg, std::move(specs), quantize);
+  int cuda_device = -1;
+  if (spec.Has("device") && !spec.Get("device").IsUndefined()) {
+    std::string d = get_string(spec, "device");
+    if (d == "cuda") cuda_device = spec.Has("deviceIndex") && !spec.Get("deviceIndex").IsUndefined() ? get_int(spec, "deviceIndex") : 0;
+    else if (d != "cpu") throw_type(env, "device must be \"cpu\" or \"cuda\", got \"" + d + "\"");
+  }
+#ifndef DKI_CUDA
+  if (cuda_device >= 0)
+    throw Napi::Error::New(env, "this build of dki-engine has no CUDA backend (npm install builds the CPU engine): run `npm run build:cuda` "
+                                "on a machine with the CUDA toolkit");
+#endif
+  auto* w = new LoadWorker(env, cfg, std::move(specs), quantize, cuda_device);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;
@@ -514,6 +542,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       ctx_ = std::make_unique<Context>(ModelWrap::Unwrap(m)->model(env), int(n));
     } catch (const std::bad_alloc&) {
       throw Napi::Error::New(env, "out of memory allocating a " + std::to_string(int(n)) + "-token K/V cache");
+    } catch (const dki::Error& e) {  // a GPU context that could not get its device memory
+      throw Napi::Error::New(env, e.what());
     }
   }
 
@@ -770,6 +800,32 @@ Napi::Value Simd(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// cuda() → { built, devices, names, reason }: whether this addon has the CUDA backend and which
+// GPUs it sees (reason says why there are none).
+Napi::Value Cuda(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  Napi::Array names = Napi::Array::New(env);
+#ifdef DKI_CUDA
+  std::string why;
+  const int n = cuda_device_count(&why);
+  try {
+    for (int i = 0; i < n; i++) names.Set(uint32_t(i), cuda_device_name(i));
+  } catch (const dki::Error& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  o.Set("built", true);
+  o.Set("devices", n);
+  o.Set("reason", why);
+#else
+  o.Set("built", false);
+  o.Set("devices", 0);
+  o.Set("reason", "this addon was built without the CUDA backend (npm run build:cuda builds it)");
+#endif
+  o.Set("names", names);
+  return o;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   // A DKI_SIMD the CPU cannot honour fails the require, with the reason, before any work runs.
   if (!simd_env_error().empty()) throw Napi::Error::New(env, simd_env_error());
@@ -787,6 +843,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("kvPoolBytes", Napi::Function::New(env, KVPoolBytes));
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));
   exports.Set("simd", Napi::Function::New(env, Simd));
+  exports.Set("cuda", Napi::Function::New(env, Cuda));
   return exports;
 }
 

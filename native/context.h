@@ -9,6 +9,8 @@
 
 namespace dki {
 
+class CudaForward;  // cuda/cuda_backend.h
+
 enum class LogitsMode { None = 0, Last = 1, All = 2 };
 
 class Context {
@@ -56,8 +58,10 @@ class Context {
   int probe_layer_ = -1;
   std::vector<float> probe_entropy_;  // per query head
 
-  // Own K/V: [layer][kv_head][max_tokens][head_dim]
+  // Own K/V: [layer][kv_head][max_tokens][head_dim]; on the GPU instead when cuda_ is set.
   std::vector<float> k_cache_, v_cache_;
+  // The device half of a context whose model runs on a GPU (DKI_CUDA builds only).
+  std::shared_ptr<CudaForward> cuda_;
 
   // Scratch for one chunk of T tokens.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, cos_, sin_;

@@ -7,6 +7,9 @@
 #include "context.h"
 #include "kernels/kernels.h"
 #include "threadpool.h"
+#ifdef DKI_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace dki {
 
@@ -86,6 +89,12 @@ void rope(float* x, int T, int n_heads, int hd, const float* cos, const float* s
 
 Context::Context(std::shared_ptr<const Model> model, int max_tokens) : model_(std::move(model)), max_tokens_(max_tokens) {
   if (max_tokens < 1) throw Error("context size must be at least 1 token");
+  if (model_->device_weights()) {
+#ifdef DKI_CUDA
+    cuda_ = std::make_shared<CudaForward>(model_->device_weights(), *model_, max_tokens);
+    return;
+#endif
+  }
   const ModelConfig& c = model_->config();
   const size_t cache = size_t(c.n_layers) * c.n_kv_heads * max_tokens * c.head_dim;
   k_cache_.assign(cache, 0.f);
@@ -120,6 +129,9 @@ void Context::set_segments(std::vector<Segment> segments) {
       throw Error("K/V block shape does not match this model");
     if (!(s.alpha > 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a positive finite number");
   }
+#ifdef DKI_CUDA
+  if (cuda_) cuda_->set_segments(segments);
+#endif
   segments_ = std::move(segments);
 }
 
@@ -155,6 +167,15 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
 }
 
 void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits) {
+#ifdef DKI_CUDA
+  if (cuda_) {
+    const int rows = mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? 1 : T;
+    cuda_->eval_chunk(tokens, T, n_past_, pos_base_ + n_past_, rows, logits, probe_layer_, probe_entropy_.data());
+    tokens_.insert(tokens_.end(), tokens, tokens + T);
+    n_past_ += T;
+    return;
+  }
+#endif
   const Model& m = *model_;
   const ModelConfig& c = m.config();
   const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
@@ -316,6 +337,12 @@ std::shared_ptr<KVBlock> Context::export_block(int from, int to) const {
   b->tokens.assign(tokens_.begin() + from, tokens_.begin() + to);
   b->k.resize(size_t(c.n_layers) * b->layer_stride());
   b->v.resize(b->k.size());
+#ifdef DKI_CUDA
+  if (cuda_) {
+    cuda_->export_kv(from, to, b->k.data(), b->v.data());
+    return b;
+  }
+#endif
   const int hd = c.head_dim;
   for (int l = 0; l < c.n_layers; l++)
     for (int h = 0; h < c.n_kv_heads; h++) {

@@ -46,6 +46,9 @@ struct TensorSpec {
 // quantize_row_q8_0_ref: d = max|x| / 127 (stored as fp16), q = round(x / d).
 void quantize_row_q8_0(const float* x, int n, unsigned char* out);
 
+// A model's weights in GPU memory (cuda/cuda_backend.h); only DKI_CUDA builds ever make one.
+struct CudaWeights;
+
 struct Matrix {
   const void* data = nullptr;
   DType dtype = DType::F32;
@@ -77,6 +80,11 @@ class Model {
   uint64_t param_count() const { return param_count_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
 
+  // The weights' device copy when the model runs on a GPU (null on the CPU). Contexts of such
+  // a model keep their K/V on that device and run every token there.
+  const std::shared_ptr<const CudaWeights>& device_weights() const { return device_weights_; }
+  void set_device_weights(std::shared_ptr<const CudaWeights> w) { device_weights_ = std::move(w); }
+
  private:
   const TensorSpec& find(const std::string& name) const;
   Matrix matrix(const std::string& name, int rows, int cols);
@@ -95,6 +103,7 @@ class Model {
   uint64_t fingerprint_ = 0;
   uint64_t param_count_ = 0;
   uint64_t weight_bytes_ = 0;
+  std::shared_ptr<const CudaWeights> device_weights_;
 };
 
 }  // namespace dki

@@ -1,5 +1,5 @@
 // Public API of dki-engine.
-export { Model, type LoadOptions, type ModelInfo, type PromptInput, type Segment, type PositionStrategy, type InjectionOptions, type ComputeBlockOptions, type EntropyProbe } from "./engine/model.js";
+export { Model, resolveDevice, type Device, type LoadOptions, type ModelInfo, type PromptInput, type Segment, type PositionStrategy, type InjectionOptions, type ComputeBlockOptions, type EntropyProbe } from "./engine/model.js";
 export { entropy, type GenerateOptions, type GenerateResult, type GenerationStats, type SamplingOptions, type FinishReason } from "./engine/generate.js";
 export { native } from "./engine/native.js";
 export { KVBlock, type KVStorage } from "./kv/kv-block.js";

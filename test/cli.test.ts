@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
+import { native } from "../src/engine/native.js";
 import { repoRoot, tempDir, maxAbsDiff } from "./support/paths.js";
 
 const run = promisify(execFile);
@@ -83,7 +84,9 @@ describe("errors are one clear line, exit code 1", () => {
     [["logits", "--model", "MODEL", "--tokens", "1,99999999"], /outside the vocabulary/],
     [["generate", "--model", "MODEL"], /exactly one of --prompt and --prompt-tokens/],
     [["generate", "--model", "MODEL", "--prompt", "x", "--memory", "y", "--alpha", "-1"], /--alpha must be a number/],
-  ])("%j", async (args, message) => {
+    [["generate", "--model", "MODEL", "--prompt", "x", "--device", "tpu"], /--device must be one of cpu, cuda, auto/],
+    ...(native().cuda().devices === 0 ? [[["logits", "--model", "MODEL", "--tokens", "1", "--device", "cuda"], /"cuda" was asked for but no GPU is usable/]] : []),
+  ] as [string[], RegExp][])("%j", async (args, message) => {
     const { code, stderr } = await dkiFails(args.map((a) => (a === "MODEL" ? dir : a)));
     expect(code).toBe(1);
     expect(stderr).toMatch(message);

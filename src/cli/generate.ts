@@ -1,6 +1,6 @@
 // `dki generate` and `dki logits`.
 import type { Command } from "commander";
-import { Model, type InjectionOptions } from "../engine/model.js";
+import { Model, type Device, type InjectionOptions } from "../engine/model.js";
 import { intOption, numberOption, tokenListOption, choiceOption } from "./options.js";
 
 interface GenerateFlags {
@@ -16,6 +16,7 @@ interface GenerateFlags {
   repetitionPenalty: number;
   seed: number;
   threads?: number;
+  device: Device;
   quantize: "none" | "q8_0";
   stop?: string[];
   format: "text" | "json";
@@ -25,6 +26,7 @@ interface LogitsFlags {
   model: string;
   tokens: number[];
   threads?: number;
+  device: Device;
   format: "json";
 }
 
@@ -50,7 +52,7 @@ const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 
 async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
   if ((flags.prompt === undefined) === (flags.promptTokens === undefined)) throw new Error("give exactly one of --prompt and --prompt-tokens");
-  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize });
+  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize, device: flags.device });
   try {
     const input = flags.promptTokens
       ? { tokens: flags.promptTokens }
@@ -101,7 +103,11 @@ async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
 }
 
 async function logits(flags: LogitsFlags & MemoryFlags): Promise<void> {
-  const model = await Model.load(flags.model, { threads: flags.threads, contextSize: Math.max(flags.tokens.length, flags.memoryTokens?.length ?? 0, 1) });
+  const model = await Model.load(flags.model, {
+    threads: flags.threads,
+    device: flags.device,
+    contextSize: Math.max(flags.tokens.length, flags.memoryTokens?.length ?? 0, 1),
+  });
   try {
     const rows = await model.logits(flags.tokens, await memoryInjection(model, flags));
     process.stdout.write(JSON.stringify({ logits: rows.map((r) => Array.from(r)) }) + "\n");
@@ -109,6 +115,13 @@ async function logits(flags: LogitsFlags & MemoryFlags): Promise<void> {
     model.dispose();
   }
 }
+
+const deviceOption = [
+  "--device <device>",
+  "cpu, cuda (needs npm run build:cuda and a GPU) or auto",
+  choiceOption("--device", ["cpu", "cuda", "auto"] as const),
+  "cpu",
+] as const;
 
 function memoryOptions(cmd: Command): Command {
   return cmd
@@ -137,6 +150,7 @@ export function registerGenerateCommands(program: Command): void {
     .option("--seed <s>", "random seed", intOption("--seed"), 0)
     .option("--stop <text...>", "stop strings")
     .option("--threads <n>", "worker threads (default: all cores)", intOption("--threads", 1))
+    .option(...deviceOption)
     .option("--quantize <type>", "quantise weights at load time: none or q8_0", choiceOption("--quantize", ["none", "q8_0"] as const), "none")
     .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
   memoryOptions(gen).action((flags: GenerateFlags & MemoryFlags) => generate(flags));
@@ -147,6 +161,7 @@ export function registerGenerateCommands(program: Command): void {
     .requiredOption("-m, --model <dir>", "Hugging Face model folder")
     .requiredOption("--tokens <ids>", "comma-separated token ids", tokenListOption("--tokens"))
     .option("--threads <n>", "worker threads (default: all cores)", intOption("--threads", 1))
+    .option(...deviceOption)
     .option("--format <format>", "json", choiceOption("--format", ["json"] as const), "json");
   memoryOptions(logitsCmd).action((flags: LogitsFlags & MemoryFlags) => logits(flags));
 }

@@ -8,7 +8,7 @@ import { DkiArgumentError } from "../errors.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
 import type { ChatMessage } from "../tokenizer/chat-template.js";
 import { AsyncMutex } from "../util/async-mutex.js";
-import { LogitsMode, native, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
+import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
 import { KVBlock } from "../kv/kv-block.js";
 
@@ -59,6 +59,44 @@ export interface LoadOptions {
   contextSize?: number;
   /** "q8_0": quantise every matrix to Q8_0 at load time (llama.cpp's block format); default "none". */
   quantize?: "none" | "q8_0";
+  /**
+   * Where the model runs (default "cpu"). "cuda" uploads the weights to a GPU once and runs every
+   * context there (needs the addon from `npm run build:cuda`); "auto" picks CUDA when a GPU is
+   * usable, else the CPU.
+   */
+  device?: Device;
+  /** Which GPU when device is "cuda" or "auto" (default 0). */
+  deviceIndex?: number;
+}
+
+export type Device = "cpu" | "cuda" | "auto";
+
+/** The config as the native engine takes it. */
+export function nativeConfig(c: ModelConfig): NativeConfig {
+  return {
+    vocabSize: c.vocabSize,
+    hiddenSize: c.hiddenSize,
+    intermediateSize: c.intermediateSize,
+    numLayers: c.numLayers,
+    numHeads: c.numHeads,
+    numKvHeads: c.numKvHeads,
+    headDim: c.headDim,
+    rmsNormEps: c.rmsNormEps,
+    ropeTheta: c.ropeTheta,
+    tieWordEmbeddings: c.tieWordEmbeddings,
+    attentionBias: c.attentionBias,
+    ropeInterleaved: c.ropeInterleaved ?? false,
+    ropeScaling: c.ropeScaling,
+  };
+}
+
+/** The device a load with `device` runs on: "auto" becomes "cuda" only where a GPU is usable. */
+export function resolveDevice(device: Device = "cpu"): "cpu" | "cuda" {
+  if (device !== "cpu" && device !== "cuda" && device !== "auto") throw new DkiArgumentError(`device must be "cpu", "cuda" or "auto", got ${JSON.stringify(device)}`);
+  const cuda = native().cuda();
+  if (device === "auto") return cuda.devices > 0 ? "cuda" : "cpu";
+  if (device === "cuda" && cuda.devices === 0) throw new DkiArgumentError(`device "cuda" was asked for but no GPU is usable: ${cuda.reason}`);
+  return device;
 }
 
 export interface ModelInfo {
@@ -68,6 +106,9 @@ export interface ModelInfo {
   paramCount: number;
   weightBytes: number;
   dtypes: string[];
+  /** Where the model runs; deviceBytes are the weight bytes held in GPU memory (0 on the CPU). */
+  device: "cpu" | "cuda";
+  deviceBytes: number;
 }
 
 /** What to generate from: plain text, chat messages (rendered with the chat template) or token ids. */
@@ -104,6 +145,9 @@ export class Model {
       tokenizer = await Tokenizer.fromFolder(dir);
     }
     const addon = native();
+    const device = resolveDevice(opts.device);
+    if (opts.deviceIndex !== undefined && (!Number.isInteger(opts.deviceIndex) || opts.deviceIndex < 0))
+      throw new DkiArgumentError(`deviceIndex must be a non-negative integer, got ${opts.deviceIndex}`);
     if (opts.threads !== undefined) {
       if (!Number.isInteger(opts.threads) || opts.threads < 0) throw new DkiArgumentError(`threads must be a non-negative integer, got ${opts.threads}`);
       addon.setThreads(opts.threads);
@@ -111,23 +155,11 @@ export class Model {
     const c = files.config;
     const tensors: NativeTensorSpec[] = files.tensors.map((t) => ({ name: t.name, file: t.file, dtype: t.dtype, shape: t.shape, offset: t.offset, nbytes: t.nbytes }));
     const handle = await addon.loadModel({
-      config: {
-        vocabSize: c.vocabSize,
-        hiddenSize: c.hiddenSize,
-        intermediateSize: c.intermediateSize,
-        numLayers: c.numLayers,
-        numHeads: c.numHeads,
-        numKvHeads: c.numKvHeads,
-        headDim: c.headDim,
-        rmsNormEps: c.rmsNormEps,
-        ropeTheta: c.ropeTheta,
-        tieWordEmbeddings: c.tieWordEmbeddings,
-        attentionBias: c.attentionBias,
-        ropeInterleaved: c.ropeInterleaved ?? false,
-        ropeScaling: c.ropeScaling,
-      },
+      config: nativeConfig(c),
       tensors,
       quantize: opts.quantize ?? "none",
+      device,
+      deviceIndex: opts.deviceIndex,
     });
     const ni = handle.info();
     const contextSize = opts.contextSize ?? Math.min(c.maxPositionEmbeddings, 4096);
@@ -139,6 +171,8 @@ export class Model {
       paramCount: ni.paramCount,
       weightBytes: ni.weightBytes,
       dtypes: opts.quantize === "q8_0" ? ["Q8_0", "F32"] : [...new Set(files.tensors.map((t) => t.dtype))],
+      device: ni.device,
+      deviceBytes: ni.deviceBytes,
     };
     return new Model(handle, tokenizer, info, contextSize);
   }

@@ -32,7 +32,8 @@ export interface NativeTensorSpec {
 }
 
 export interface NativeModelHandle {
-  info(): { fingerprint: string; paramCount: number; weightBytes: number };
+  /** device: where the weights live and every context of the model runs; deviceBytes: weight bytes held there. */
+  info(): { fingerprint: string; paramCount: number; weightBytes: number; device: "cpu" | "cuda"; deviceBytes: number };
   dispose(): void;
 }
 
@@ -98,7 +99,13 @@ export interface NativeSamplerHandle {
 }
 
 export interface NativeAddon {
-  loadModel(spec: { config: NativeConfig; tensors: NativeTensorSpec[]; quantize?: "none" | "q8_0" }): Promise<NativeModelHandle>;
+  loadModel(spec: {
+    config: NativeConfig;
+    tensors: NativeTensorSpec[];
+    quantize?: "none" | "q8_0";
+    device?: "cpu" | "cuda";
+    deviceIndex?: number;
+  }): Promise<NativeModelHandle>;
   NativeContext: new (model: NativeModelHandle, maxTokens: number) => NativeContextHandle;
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
   remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;
@@ -112,6 +119,8 @@ export interface NativeAddon {
   kvPoolBytes(): number;
   setSimd(name: string): void;
   simd(): { active: string; available: string[] };
+  /** Whether this addon has the CUDA backend (npm run build:cuda) and the GPUs it sees; reason says why none. */
+  cuda(): { built: boolean; devices: number; names: string[]; reason: string };
 }
 
 /** The package root: the nearest folder above this file whose package.json is dki-engine's. */

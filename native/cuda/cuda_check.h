@@ -1,0 +1,85 @@
+// Every CUDA and cuBLAS call goes through these: a failure becomes a dki::Error (a JS Error in
+// the binding) naming the call and where it was made, never an abort.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common.h"
+
+namespace dki {
+
+[[noreturn]] inline void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
+  cudaGetLastError();  // clear a non-sticky error so the next call does not see it again
+  throw Error(std::string("CUDA error: ") + cudaGetErrorString(e) + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+[[noreturn]] inline void cublas_fail(cublasStatus_t s, const char* call, const char* file, int line) {
+  throw Error(std::string("cuBLAS error: ") + cublasGetStatusString(s) + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+#define DKI_CUDA_CHECK(call)                                                   \
+  do {                                                                         \
+    cudaError_t dki_e_ = (call);                                               \
+    if (dki_e_ != cudaSuccess) ::dki::cuda_fail(dki_e_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define DKI_CUBLAS_CHECK(call)                                                   \
+  do {                                                                           \
+    cublasStatus_t dki_s_ = (call);                                              \
+    if (dki_s_ != CUBLAS_STATUS_SUCCESS) ::dki::cublas_fail(dki_s_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// A kernel launch reports a bad configuration only through cudaGetLastError.
+#define DKI_CUDA_LAUNCHED() DKI_CUDA_CHECK(cudaGetLastError())
+
+// Device memory owned by one object. Out of memory is an error that says how much was asked
+// for, for what, and how much the device had free.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, const char* what) { allocate(bytes, what); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = o.p_, bytes_ = o.bytes_;
+      o.p_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void allocate(size_t bytes, const char* what) {
+    release();
+    if (bytes == 0) return;
+    cudaError_t e = cudaMalloc(&p_, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      p_ = nullptr;
+      throw Error("CUDA out of memory: " + std::to_string(bytes >> 20) + " MiB for " + what + " (device has " +
+                  std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+    }
+    if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+    bytes_ = bytes;
+  }
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  template <class T = void>
+  T* get() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace dki

@@ -1,0 +1,248 @@
+// The forward pass on a GPU: the same stages as forward.cpp, in the same order, on device
+// buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once;
+// longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "context.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_kernels.cuh"
+#include "cuda/device_weights.cuh"
+
+namespace dki {
+
+struct CudaForward::Impl {
+  std::shared_ptr<const CudaWeights> w;
+  ModelConfig cfg;
+  std::vector<double> inv_freq;
+  int max_tokens = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+
+  // Own K/V, [layer][kv_head][max_tokens][hd] fp32 like the CPU cache.
+  DeviceBuffer k_cache, v_cache;
+  // Scratch for one chunk of up to kMaxChunk tokens.
+  DeviceBuffer tokens, x, xn, q, k, v, attn, gate, up, cos, sin, logits, probe;
+  DeviceBuffer x_half;   // a GEMM's input in the weight's half type
+  DeviceBuffer w_f16;    // a Q8_0 weight dequantised for a GEMM
+  // Injected segments, concatenated: [layer][kv_head][S_seg][hd], per-column bias and value scale.
+  DeviceBuffer seg_k, seg_v, seg_bias, seg_vscale;
+  int S_seg = 0;
+  std::vector<float> host_cos, host_sin;
+
+  ~Impl() {
+    if (!w) return;
+    cudaSetDevice(w->device);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  float* cache_layer(const DeviceBuffer& c, int l) const { return c.get<float>() + size_t(l) * cfg.n_kv_heads * max_tokens * cfg.head_dim; }
+
+  // y[T, W.rows] = x[T, W.cols] · Wᵀ
+  void linear(const DeviceMatrix& W, const float* x_dev, int T, float* y) {
+    if (T <= kGemvMaxTokens) return launch_gemv(W, x_dev, T, y, stream);
+    const float one = 1.f, zero = 0.f;
+    const size_t n_in = size_t(T) * W.cols;
+    const void* A = W.data;
+    const void* B = x_dev;
+    cudaDataType_t type = CUDA_R_32F;
+    if (W.dtype != DType::F32) {
+      // cuBLAS multiplies equal input types: the activations are rounded to the weight's half
+      // type (F16 for Q8_0, whose weight is dequantised to F16 first), accumulation stays fp32.
+      const DType half = W.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+      if (W.dtype == DType::Q8_0) {
+        launch_dequant_q8_to_f16(W.data, size_t(W.rows) * W.cols, w_f16.get(), stream);
+        A = w_f16.get();
+      }
+      launch_to_half(x_dev, n_in, half, x_half.get(), stream);
+      B = x_half.get();
+      type = half == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    }
+    // Column-major view: Yᵀ [rows, T] = W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T].
+    DKI_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, B, type, W.cols, &zero, y,
+                                  CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+};
+
+CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model& model, int max_tokens) : impl_(new Impl) {
+  Impl& s = *impl_;
+  s.w = std::move(weights);
+  s.cfg = model.config();
+  s.inv_freq = model.inv_freq();
+  s.max_tokens = max_tokens;
+  const ModelConfig& c = s.cfg;
+  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  DKI_CUBLAS_CHECK(cublasCreate(&s.blas));
+  DKI_CUBLAS_CHECK(cublasSetStream(s.blas, s.stream));
+  // Plain fp32 math in F32 GEMMs (no TF32), so F32 models match the CPU to ~1e-5.
+  DKI_CUBLAS_CHECK(cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH));
+
+  const size_t f = sizeof(float), T = kMaxChunk;
+  const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
+  const size_t cache = size_t(c.n_layers) * kvd * max_tokens * f;
+  s.k_cache.allocate(cache, "the context's K cache");
+  s.v_cache.allocate(cache, "the context's V cache");
+  s.tokens.allocate(T * sizeof(int32_t), "token ids");
+  s.x.allocate(T * D * f, "activations");
+  s.xn.allocate(T * D * f, "activations");
+  s.q.allocate(T * qd * f, "queries");
+  s.k.allocate(T * kvd * f, "keys");
+  s.v.allocate(T * kvd * f, "values");
+  s.attn.allocate(T * qd * f, "attention output");
+  s.gate.allocate(T * F * f, "MLP activations");
+  s.up.allocate(T * F * f, "MLP activations");
+  s.cos.allocate(T * (c.head_dim / 2) * f, "rotary angles");
+  s.sin.allocate(T * (c.head_dim / 2) * f, "rotary angles");
+  s.probe.allocate(size_t(c.n_heads) * f, "attention probe");
+  s.x_half.allocate(T * std::max({D, F, qd}) * 2, "half-precision GEMM input");
+  if (s.w->max_q8_elements) s.w_f16.allocate(s.w->max_q8_elements * 2, "a dequantised Q8_0 matrix");
+}
+
+CudaForward::~CudaForward() = default;
+
+void CudaForward::set_segments(const std::vector<Segment>& segments) {
+  Impl& s = *impl_;
+  const ModelConfig& c = s.cfg;
+  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  int S = 0;
+  for (const auto& seg : segments) S += seg.block->n_tokens;
+  s.S_seg = S;
+  if (S == 0) return;
+  const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
+  if (s.seg_k.bytes() < heads * S * hd * f) {
+    s.seg_k.allocate(heads * S * hd * f, "injected segment keys");
+    s.seg_v.allocate(heads * S * hd * f, "injected segment values");
+  }
+  if (s.seg_bias.bytes() < S * f) {
+    s.seg_bias.allocate(S * f, "segment score biases");
+    s.seg_vscale.allocate(S * f, "segment value scales");
+  }
+  std::vector<float> bias(S), vscale(S);
+  int off = 0;
+  for (const auto& seg : segments) {
+    const KVBlock& b = *seg.block;
+    // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats.
+    const size_t width = size_t(b.n_tokens) * hd * f;
+    DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, b.k.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+    DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, b.v.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+    for (int i = 0; i < b.n_tokens; i++) {
+      bias[off + i] = seg.logit_scaling ? std::log(seg.alpha) : 0.f;
+      vscale[off + i] = seg.logit_scaling ? 1.f : seg.alpha;
+    }
+    off += b.n_tokens;
+  }
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, s.stream));
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, s.stream));
+  DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // the host vectors above die with this call
+}
+
+void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0, int rows, float* logits, int probe_layer, float* probe) {
+  Impl& s = *impl_;
+  const ModelConfig& c = s.cfg;
+  const CudaWeights& w = *s.w;
+  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, half = hd / 2;
+  const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
+  cudaStream_t st = s.stream;
+  DKI_CUDA_CHECK(cudaSetDevice(w.device));
+
+  // Angles in double on the host, exactly as the CPU backend computes them.
+  s.host_cos.resize(size_t(T) * half);
+  s.host_sin.resize(size_t(T) * half);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      const double a = double(pos0 + t) * s.inv_freq[i];
+      s.host_cos[size_t(t) * half + i] = float(std::cos(a));
+      s.host_sin[size_t(t) * half + i] = float(std::sin(a));
+    }
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.cos.get(), s.host_cos.data(), s.host_cos.size() * sizeof(float), cudaMemcpyHostToDevice, st));
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.sin.get(), s.host_sin.data(), s.host_sin.size() * sizeof(float), cudaMemcpyHostToDevice, st));
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.tokens.get(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+
+  float *x = s.x.get<float>(), *xn = s.xn.get<float>(), *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
+  float *attn = s.attn.get<float>(), *gate = s.gate.get<float>(), *up = s.up.get<float>();
+  launch_embed(w.embed, s.tokens.get<int32_t>(), T, x, st);
+
+  AttentionArgs a;
+  a.q = q;
+  a.out = attn;
+  a.seg_k = s.seg_k.get<float>();
+  a.seg_v = s.seg_v.get<float>();
+  a.seg_bias = s.seg_bias.get<float>();
+  a.seg_vscale = s.seg_vscale.get<float>();
+  a.S_seg = s.S_seg;
+  a.max_tokens = s.max_tokens;
+  a.n_past = n_past;
+  a.T = T, a.H = c.n_heads, a.Hkv = c.n_kv_heads, a.hd = hd;
+  a.scale = 1.f / std::sqrt(float(hd));
+
+  for (int l = 0; l < c.n_layers; l++) {
+    const CudaWeights::Layer& L = w.layers[l];
+    // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
+    launch_rmsnorm(x, L.attn_norm, c.rms_norm_eps, T, D, xn, st);
+    s.linear(L.wq, xn, T, q);
+    s.linear(L.wk, xn, T, k);
+    s.linear(L.wv, xn, T, v);
+    if (L.bq) {
+      launch_add_bias(q, L.bq, T, qd, st);
+      launch_add_bias(k, L.bk, T, kvd, st);
+      launch_add_bias(v, L.bv, T, kvd, st);
+    }
+    launch_rope(q, T, c.n_heads, hd, s.cos.get<float>(), s.sin.get<float>(), c.rope_interleaved, st);
+    launch_rope(k, T, c.n_kv_heads, hd, s.cos.get<float>(), s.sin.get<float>(), c.rope_interleaved, st);
+    float* kc = s.cache_layer(s.k_cache, l);
+    float* vc = s.cache_layer(s.v_cache, l);
+    launch_store_kv(k, v, T, c.n_kv_heads, hd, kc, vc, s.max_tokens, n_past, st);
+    a.k_cache = kc;
+    a.v_cache = vc;
+    if (s.S_seg) {
+      const size_t seg_layer = size_t(l) * c.n_kv_heads * s.S_seg * hd;
+      a.seg_k = s.seg_k.get<float>() + seg_layer;
+      a.seg_v = s.seg_v.get<float>() + seg_layer;
+    }
+    a.entropy = l == probe_layer && probe ? s.probe.get<float>() : nullptr;
+    launch_attention(a, st);
+    s.linear(L.wo, attn, T, xn);
+    launch_add(x, xn, size_t(T) * D, st);
+
+    // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
+    launch_rmsnorm(x, L.ffn_norm, c.rms_norm_eps, T, D, xn, st);
+    s.linear(L.w_gate, xn, T, gate);
+    s.linear(L.w_up, xn, T, up);
+    launch_swiglu(gate, up, size_t(T) * F, st);
+    s.linear(L.w_down, gate, T, xn);
+    launch_add(x, xn, size_t(T) * D, st);
+  }
+
+  if (rows > 0) {
+    const size_t V = c.vocab_size;
+    if (s.logits.bytes() < rows * V * sizeof(float)) s.logits.allocate(rows * V * sizeof(float), "logits");
+    const int first = T - rows;
+    launch_rmsnorm(x + size_t(first) * D, w.final_norm, c.rms_norm_eps, rows, D, xn, st);
+    s.linear(w.lm_head, xn, rows, s.logits.get<float>());
+    DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+  }
+  if (probe && probe_layer >= 0)
+    DKI_CUDA_CHECK(cudaMemcpyAsync(probe, s.probe.get(), size_t(c.n_heads) * sizeof(float), cudaMemcpyDeviceToHost, st));
+  DKI_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void CudaForward::export_kv(int from, int to, float* k, float* v) const {
+  const Impl& s = *impl_;
+  const ModelConfig& c = s.cfg;
+  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  const size_t hd = c.head_dim, n = size_t(to - from), heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
+  // Rows (layer, kv_head) of the cache are max_tokens·hd floats apart; the block's are n·hd.
+  DKI_CUDA_CHECK(cudaMemcpy2DAsync(k, n * hd * f, s.k_cache.get<float>() + from * hd, s.max_tokens * hd * f, n * hd * f, heads,
+                                   cudaMemcpyDeviceToHost, s.stream));
+  DKI_CUDA_CHECK(cudaMemcpy2DAsync(v, n * hd * f, s.v_cache.get<float>() + from * hd, s.max_tokens * hd * f, n * hd * f, heads,
+                                   cudaMemcpyDeviceToHost, s.stream));
+  DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+}  // namespace dki

@@ -1,0 +1,364 @@
+// The CUDA forward pass's kernels. Plain and readable first: one thread per element for the
+// elementwise stages, one block per row for norms, one warp per weight row for GEMV (the decode
+// bottleneck, where the whole weight must stream from HBM once per token), and one block per
+// (query, head) for attention with the columns split over its warps (online softmax).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device_kernels.cuh"
+
+namespace dki {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(size_t n, int threads = kThreads) { return unsigned((n + threads - 1) / threads); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float q8_element(const unsigned char* row, int i) {
+  const unsigned char* block = row + (i / kQ8Block) * kQ8BlockBytes;
+  const __half d = *reinterpret_cast<const __half*>(block);  // 2-byte aligned: blocks are 34 bytes
+  return __half2float(d) * float(static_cast<signed char>(block[2 + i % kQ8Block]));
+}
+
+__device__ __forceinline__ float load_element(const void* p, DType t, size_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return 0.f;  // Q8_0 rows are read with q8_element
+  }
+}
+
+__global__ void embed_kernel(const void* E, DType dt, int D, const int32_t* tokens, int T, float* x) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(T) * D) return;
+  const int t = int(i / D), c = int(i % D);
+  const size_t row = size_t(tokens[t]);
+  x[i] = dt == DType::Q8_0 ? q8_element(static_cast<const unsigned char*>(E) + row * (D / kQ8Block) * kQ8BlockBytes, c)
+                           : load_element(E, dt, row * D + c);
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int D, float* out) {
+  __shared__ float partial[kThreads / 32];
+  const float* xr = x + size_t(blockIdx.x) * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    ss = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
+    ss = warp_sum(ss);
+    if (threadIdx.x == 0) partial[0] = ss;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(partial[0] / D + eps);
+  float* o = out + size_t(blockIdx.x) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, int T, int n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < size_t(T) * n) y[i] += b[i % n];
+}
+
+// One thread per rotary pair; rotate-half pairs (i, i + hd/2), interleaved pairs (2i, 2i + 1).
+__global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved) {
+  const int half = hd / 2;
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(T) * n_heads * half) return;
+  const int p = int(i % half);
+  const size_t th = i / half;  // t * n_heads + h
+  const int t = int(th / n_heads);
+  float* v = x + th * hd;
+  const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
+  const float c = cos[size_t(t) * half + p], s = sin[size_t(t) * half + p];
+  const float xa = v[a], xb = v[b];
+  v[a] = xa * c - xb * s;
+  v[b] = xb * c + xa * s;
+}
+
+__global__ void store_kv_kernel(const float* k, const float* v, int T, int Hkv, int hd, float* kc, float* vc, int max_tokens, int n_past) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(T) * Hkv * hd) return;
+  const int d = int(i % hd);
+  const int h = int((i / hd) % Hkv);
+  const int t = int(i / (size_t(hd) * Hkv));
+  const size_t dst = (size_t(h) * max_tokens + n_past + t) * hd + d;
+  kc[dst] = k[i];
+  vc[dst] = v[i];
+}
+
+__global__ void swiglu_kernel(float* gate, const float* up, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  gate[i] = g / (1.f + expf(-g)) * up[i];
+}
+
+__global__ void add_kernel(float* x, const float* y, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void to_f16_kernel(const float* x, size_t n, __half* out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2half_rn(x[i]);
+}
+
+__global__ void to_bf16_kernel(const float* x, size_t n, __nv_bfloat16* out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const unsigned char* block = q8 + (i / kQ8Block) * kQ8BlockBytes;
+  out[i] = __float2half_rn(__half2float(*reinterpret_cast<const __half*>(block)) * float(static_cast<signed char>(block[2 + i % kQ8Block])));
+}
+
+// --- GEMV: one warp per weight row, T ≤ kGemvMaxTokens tokens at once -------------------------
+
+// 8 consecutive half-precision weights as fp32, from one 16-byte load.
+template <class Half>
+__device__ __forceinline__ void load8(const Half* p, float (&w)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const Half* h = reinterpret_cast<const Half*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    if constexpr (std::is_same<Half, __half>::value) w[j] = __half2float(h[j]);
+    else w[j] = __bfloat162float(h[j]);
+  }
+}
+
+// F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
+template <class Half>
+__global__ void gemv_half_kernel(const Half* W, int rows, int cols, const float* x, int T, float* y) {
+  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const Half* wr = W + size_t(r) * cols;
+  float acc[kGemvMaxTokens] = {};
+  for (int c = lane * 8; c < cols; c += 32 * 8) {
+    float w[8];
+    load8(wr + c, w);
+    for (int t = 0; t < T; t++) {
+      const float4 x0 = *reinterpret_cast<const float4*>(x + size_t(t) * cols + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4);
+      acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+    }
+  }
+  for (int t = 0; t < T; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[size_t(t) * rows + r] = s;
+  }
+}
+
+// Q8_0 rows: each lane takes whole 32-weight blocks (scale once, then 32 int8 products).
+__global__ void gemv_q8_kernel(const unsigned char* W, int rows, int cols, const float* x, int T, float* y) {
+  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int nb = cols / kQ8Block;
+  const unsigned char* wr = W + size_t(r) * nb * kQ8BlockBytes;
+  float acc[kGemvMaxTokens] = {};
+  for (int b = lane; b < nb; b += 32) {
+    const unsigned char* block = wr + size_t(b) * kQ8BlockBytes;
+    const float d = __half2float(*reinterpret_cast<const __half*>(block));
+    const signed char* q = reinterpret_cast<const signed char*>(block + 2);
+    for (int t = 0; t < T; t++) {
+      const float* xb = x + size_t(t) * cols + size_t(b) * kQ8Block;
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kQ8Block; j++) s += float(q[j]) * xb[j];
+      acc[t] += d * s;
+    }
+  }
+  for (int t = 0; t < T; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[size_t(t) * rows + r] = s;
+  }
+}
+
+// Any dtype and length, one element at a time: F32 weights and odd row lengths.
+__global__ void gemv_any_kernel(const void* W, DType dt, int rows, int cols, const float* x, int T, float* y) {
+  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float acc[kGemvMaxTokens] = {};
+  for (int c = lane; c < cols; c += 32) {
+    const float w = load_element(W, dt, size_t(r) * cols + c);
+    for (int t = 0; t < T; t++) acc[t] += w * x[size_t(t) * cols + c];
+  }
+  for (int t = 0; t < T; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[size_t(t) * rows + r] = s;
+  }
+}
+
+// --- Attention ----------------------------------------------------------------------------
+
+constexpr int kAttnWarps = 8;
+constexpr int kPerLane = kMaxHeadDim / 32;
+
+// Block (t, h): each warp walks every kAttnWarps-th column keeping an online softmax (running
+// max m, Σ e^{s−m} and Σ e^{s−m}·s for the entropy) and its weighted value sum; the warps then
+// merge. Lane i holds head dimensions i, i + 32, ...
+__global__ void attention_kernel(AttentionArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, kvh = h / (a.H / a.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hd = a.hd;
+
+  float q[kPerLane], acc[kPerLane];
+  const float* qp = a.q + (size_t(t) * a.H + h) * hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    const int d = lane + 32 * i;
+    q[i] = d < hd ? qp[d] : 0.f;
+    acc[i] = 0.f;
+  }
+
+  float m = -INFINITY, l = 0.f, es = 0.f;
+  const int S = a.S_seg + a.n_past + t + 1;  // causal: own tokens up to and including t
+  for (int j = warp; j < S; j += kAttnWarps) {
+    const float *kr, *vr;
+    float bias = 0.f, vscale = 1.f;
+    if (j < a.S_seg) {
+      kr = a.seg_k + (size_t(kvh) * a.S_seg + j) * hd;
+      vr = a.seg_v + (size_t(kvh) * a.S_seg + j) * hd;
+      bias = a.seg_bias[j];
+      vscale = a.seg_vscale[j];
+    } else {
+      const size_t row = size_t(kvh) * a.max_tokens + (j - a.S_seg);
+      kr = a.k_cache + row * hd;
+      vr = a.v_cache + row * hd;
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; i++) {
+      const int d = lane + 32 * i;
+      if (d < hd) dot += q[i] * kr[d];
+    }
+    const float s = warp_sum(dot) * a.scale + bias;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);  // 0 on the first column (m = −∞)
+    const float p = expf(s - m_new);
+    l = l * corr + p;
+    es = es * corr + p * s;
+    const float pv = p * vscale;
+#pragma unroll
+    for (int i = 0; i < kPerLane; i++) {
+      const int d = lane + 32 * i;
+      acc[i] = acc[i] * corr + (d < hd ? pv * vr[d] : 0.f);
+    }
+    m = m_new;
+  }
+
+  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps], sm_es[kAttnWarps];
+  __shared__ float sm_acc[kAttnWarps][kMaxHeadDim];
+  if (lane == 0) sm_m[warp] = m, sm_l[warp] = l, sm_es[warp] = es;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    const int d = lane + 32 * i;
+    if (d < hd) sm_acc[warp][d] = acc[i];
+  }
+  __syncthreads();
+
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, sm_m[w]);
+  float L = 0.f, ES = 0.f;
+  for (int w = 0; w < kAttnWarps; w++) {
+    const float f = sm_m[w] == -INFINITY ? 0.f : expf(sm_m[w] - M);
+    L += sm_l[w] * f;
+    ES += sm_es[w] * f;
+  }
+  float* op = a.out + (size_t(t) * a.H + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < kAttnWarps; w++)
+      if (sm_m[w] != -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
+    op[d] = o / L;
+  }
+  // H = −Σ p·ln p with p = e^{s−M}/L  =  M + ln L − (Σ e^{s−M}·s)/L
+  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = M + logf(L) - ES / L;
+}
+
+}  // namespace
+
+void launch_embed(const DeviceMatrix& E, const int32_t* tokens, int T, float* x, cudaStream_t s) {
+  embed_kernel<<<blocks_for(size_t(T) * E.cols), kThreads, 0, s>>>(E.data, E.dtype, E.cols, tokens, T, x);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_rmsnorm(const float* x, const float* w, float eps, int T, int D, float* out, cudaStream_t s) {
+  rmsnorm_kernel<<<T, kThreads, 0, s>>>(x, w, eps, D, out);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_add_bias(float* y, const float* b, int T, int n, cudaStream_t s) {
+  add_bias_kernel<<<blocks_for(size_t(T) * n), kThreads, 0, s>>>(y, b, T, n);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s) {
+  rope_kernel<<<blocks_for(size_t(T) * n_heads * (hd / 2)), kThreads, 0, s>>>(x, T, n_heads, hd, cos, sin, interleaved);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens, int n_past,
+                     cudaStream_t s) {
+  store_kv_kernel<<<blocks_for(size_t(T) * Hkv * hd), kThreads, 0, s>>>(k, v, T, Hkv, hd, k_cache, v_cache, max_tokens, n_past);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s) {
+  swiglu_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, n);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_add(float* x, const float* y, size_t n, cudaStream_t s) {
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_to_half(const float* x, size_t n, DType to, void* out, cudaStream_t s) {
+  if (to == DType::F16) to_f16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__half*>(out));
+  else if (to == DType::BF16) to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__nv_bfloat16*>(out));
+  else throw Error(std::string("launch_to_half: cannot convert to ") + dtype_name(to));
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t s) {
+  dequant_q8_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const unsigned char*>(q8), n, static_cast<__half*>(out));
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_gemv(const DeviceMatrix& W, const float* x, int T, float* y, cudaStream_t s) {
+  if (T < 1 || T > kGemvMaxTokens) throw Error("launch_gemv: " + std::to_string(T) + " tokens (at most " + std::to_string(kGemvMaxTokens) + ")");
+  const unsigned grid = blocks_for(size_t(W.rows) * 32);
+  const bool vec8 = W.cols % 8 == 0;
+  if (W.dtype == DType::F16 && vec8)
+    gemv_half_kernel<__half><<<grid, kThreads, 0, s>>>(static_cast<const __half*>(W.data), W.rows, W.cols, x, T, y);
+  else if (W.dtype == DType::BF16 && vec8)
+    gemv_half_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(W.data), W.rows, W.cols, x, T, y);
+  else if (W.dtype == DType::Q8_0)
+    gemv_q8_kernel<<<grid, kThreads, 0, s>>>(static_cast<const unsigned char*>(W.data), W.rows, W.cols, x, T, y);
+  else
+    gemv_any_kernel<<<grid, kThreads, 0, s>>>(W.data, W.dtype, W.rows, W.cols, x, T, y);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_attention(const AttentionArgs& a, cudaStream_t s) {
+  if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
+  attention_kernel<<<dim3(a.T, a.H), kAttnWarps * 32, 0, s>>>(a);
+  DKI_CUDA_LAUNCHED();
+}
+
+}  // namespace dki

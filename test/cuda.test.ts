@@ -1,0 +1,159 @@
+// The CUDA backend against the CPU backend and transformers (issue #9, must-show 1). Runs only
+// where the addon was built with `npm run build:cuda` and sees a GPU (bench/gpu/run.sh on the GPU
+// host); elsewhere every test here is skipped, and device.test.ts checks the error paths.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { Model, type InjectionOptions } from "../src/engine/model.js";
+import { LogitsMode, native } from "../src/engine/native.js";
+import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
+import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
+
+const gpu = native().cuda().devices > 0;
+const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(...a.map((row, i) => maxAbsDiff(row, b[i])));
+// Prompts long enough for the GEMM path (more than 4 tokens) and, with 300, two chunks.
+const prompt = Array.from({ length: 40 }, (_, i) => (i * 977 + 13) % 49152);
+const longPrompt = Array.from({ length: 300 }, (_, i) => (i * 7919 + 5) % 49152);
+const memory = [3, 1200, 77, 4501, 9, 18000, 256, 31, 40000, 12, 600, 7];
+
+/** Logits of the prompt, then of 8 greedy decode steps (the GEMV path), on one context. */
+async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array[]> {
+  const ctx = m.createContext(512);
+  try {
+    const all = (await ctx.eval(Int32Array.from(tokens), LogitsMode.All))!;
+    const V = m.config.vocabSize;
+    const rows = Array.from({ length: tokens.length }, (_, i) => all.subarray(i * V, (i + 1) * V));
+    let last = rows[rows.length - 1];
+    for (let s = 0; s < 8; s++) {
+      let best = 0;
+      for (let j = 1; j < V; j++) if (last[j] > last[best]) best = j;
+      last = (await ctx.eval(Int32Array.of(best), LogitsMode.Last))!;
+      rows.push(last);
+    }
+    return rows;
+  } finally {
+    ctx.dispose();
+  }
+}
+
+describe.skipIf(!gpu)("CUDA backend", () => {
+  describe.each([
+    ["llama", "f32", 1e-3],
+    ["qwen2", "f32", 1e-3],
+    ["llama", "f16", 2e-2],
+    ["llama", "bf16", 2e-2],
+  ] as [TinyArch, TinyDType, number][])("%s %s against the CPU", (arch, dtype, tol) => {
+    let cpu: Model, cuda: Model;
+    beforeAll(async () => {
+      const dir = tempDir();
+      await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16, hiddenSize: 96 } });
+      cpu = await Model.load(dir, { contextSize: 512 });
+      cuda = await Model.load(dir, { contextSize: 512, device: "cuda" });
+    });
+    afterAll(() => {
+      cpu.dispose();
+      cuda.dispose();
+    });
+
+    test("the model reports its device and the bytes uploaded", () => {
+      expect(cuda.info.device).toBe("cuda");
+      expect(cuda.info.deviceBytes).toBeGreaterThan(0.9 * cuda.info.weightBytes);
+    });
+
+    test(`prompt (GEMM) and decode (GEMV) logits within ${tol}`, async () => {
+      expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(tol);
+    });
+
+    test(`a 300-token prompt (two chunks) within ${tol}`, async () => {
+      expect(maxRowDiff(await cpu.logits(longPrompt), await cuda.logits(longPrompt))).toBeLessThan(tol);
+    });
+
+    test("an exported K/V block equals the CPU's", async () => {
+      const a = await cpu.computeBlock(memory), b = await cuda.computeBlock(memory);
+      expect(maxAbsDiff(a.keys(), b.keys())).toBeLessThan(tol);
+      expect(maxAbsDiff(a.values(), b.values())).toBeLessThan(tol);
+    });
+
+    test.each([
+      ["value α = 0.5, negative positions", { alpha: 0.5, scaling: "value", positions: "negative" }],
+      ["logit α = 0.5, prefix positions", { alpha: 0.5, scaling: "logit", positions: "prefix" }],
+      ["value α = 1.7, prefix positions", { alpha: 1.7, scaling: "value", positions: "prefix" }],
+    ] as const)("injection with %s matches the CPU", async (_, o) => {
+      // The same block (computed on the CPU) injected on both backends: only the attention differs.
+      const kv = await cpu.computeBlock(memory, { startPos: o.positions === "negative" ? -memory.length : 0 });
+      const inj: InjectionOptions = { segments: [{ kv, alpha: o.alpha, scaling: o.scaling }], positions: o.positions };
+      expect(maxRowDiff(await cpu.logits(prompt, inj), await cuda.logits(prompt, inj))).toBeLessThan(tol);
+    });
+
+    test("attention entropy probe matches the CPU", async () => {
+      for (const layer of [0, 1]) {
+        const a = await cpu.attentionEntropy({ tokens: prompt }, layer), b = await cuda.attentionEntropy({ tokens: prompt }, layer);
+        expect(Math.abs(a.nats - b.nats)).toBeLessThan(tol);
+      }
+    });
+  });
+
+  describe("identities on the GPU", () => {
+    let m: Model;
+    beforeAll(async () => {
+      const dir = tempDir();
+      await makeTinyModel({ arch: "qwen2", preset: "tiny", dtype: "f32", out: dir, seed: 3, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16 } });
+      m = await Model.load(dir, { contextSize: 128, device: "cuda" });
+    });
+    afterAll(() => m.dispose());
+
+    test("α = 1 injection equals [memory ; prompt] as one sequence; negative equals prefix", async () => {
+      const full = (await m.logits([...memory, ...prompt])).slice(memory.length);
+      const kv = await m.computeBlock(memory);
+      const prefix = await m.logits(prompt, { segments: [{ kv, alpha: 1 }], positions: "prefix" });
+      expect(maxRowDiff(full, prefix)).toBeLessThan(1e-3);
+      const negative = await m.logits(prompt, { segments: [{ kv, alpha: 1 }], positions: "negative" });
+      expect(maxRowDiff(prefix, negative)).toBeLessThan(1e-3);
+    });
+
+    test("a context too big for the GPU is a clean out-of-memory error, and the model still works", async () => {
+      // 32 layers × 8 K/V heads × 128 dims: 128 KiB of K per token, 2 TiB for 16M tokens.
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, overrides: { numLayers: 32, numHeads: 8, numKvHeads: 8, headDim: 128 } });
+      const big = await Model.load(dir, { contextSize: 64, device: "cuda" });
+      try {
+        expect(() => big.createContext(16_777_216)).toThrow(/CUDA out of memory: \d+ MiB for the context's K cache/);
+        expect((await big.logits(prompt)).length).toBe(prompt.length);
+      } finally {
+        big.dispose();
+      }
+    });
+
+    test("Q8_0 weights (quantised at load) stay within 5e-2 of the CPU's Q8_0 run", async () => {
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 9, gains: { qk: 1, residual: 1, logit: 1 } });
+      const cpu = await Model.load(dir, { quantize: "q8_0", contextSize: 128 });
+      const cuda = await Model.load(dir, { quantize: "q8_0", contextSize: 128, device: "cuda" });
+      // The CPU also rounds activations to 8 bits (as llama.cpp does); the GPU keeps them fp32.
+      expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(5e-2);
+      cpu.dispose();
+      cuda.dispose();
+    });
+  });
+
+  describe.each([
+    ["llama-f32", 1e-3],
+    ["qwen2-f32", 1e-3],
+    ["llama3-bf16-sharded", 2e-2],
+  ] as [string, number][])("transformers reference %s on the GPU", (name, tol) => {
+    const dir = join(fixtures, "hf", name);
+    const refs = JSON.parse(readFileSync(join(dir, "refs.json"), "utf8")) as { prompt_ids: number[]; logits: number[][]; greedy: number[] };
+    let m: Model;
+    beforeAll(async () => {
+      m = await Model.load(dir, { contextSize: 128, device: "cuda" });
+    });
+    afterAll(() => m.dispose());
+
+    test(`logits within ${tol} and the same 32 greedy tokens`, async () => {
+      const rows = await m.logits(refs.prompt_ids);
+      expect(Math.max(...refs.logits.map((r, i) => maxAbsDiff(r, rows[i])))).toBeLessThan(tol);
+      const r = await m.generate({ tokens: refs.prompt_ids }, { maxNewTokens: 32, stopOnEos: false });
+      expect(r.tokens).toEqual(refs.greedy);
+    });
+  });
+});

@@ -1,0 +1,60 @@
+// Choosing where a model runs. Everywhere: "cpu" is the default, "auto" falls back to the CPU
+// without a usable GPU, and "cuda" without one is a clear error, never a crash. The CUDA
+// arithmetic itself is checked by cuda.test.ts on a machine with a GPU.
+import { beforeAll, describe, expect, test } from "vitest";
+import { Model, nativeConfig, resolveDevice } from "../src/engine/model.js";
+import { native } from "../src/engine/native.js";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { hfLlamaTiny } from "./support/paths.js";
+
+const cuda = native().cuda();
+
+test("the addon says whether it has the CUDA backend and which GPUs it sees", () => {
+  expect(typeof cuda.built).toBe("boolean");
+  expect(cuda.devices).toBeGreaterThanOrEqual(0);
+  expect(cuda.names).toHaveLength(cuda.devices);
+  if (cuda.devices === 0) expect(cuda.reason.length).toBeGreaterThan(0);
+});
+
+test("a device name that is not cpu, cuda or auto is refused", () => {
+  expect(() => resolveDevice("tpu" as "cpu")).toThrow(/device must be "cpu", "cuda" or "auto", got "tpu"/);
+});
+
+test("models load on the CPU by default", async () => {
+  const m = await Model.load(hfLlamaTiny, { contextSize: 16 });
+  expect(m.info.device).toBe("cpu");
+  expect(m.info.deviceBytes).toBe(0);
+  m.dispose();
+});
+
+describe.skipIf(cuda.devices > 0)("without a usable GPU", () => {
+  let spec: Parameters<ReturnType<typeof native>["loadModel"]>[0];
+  beforeAll(async () => {
+    const f = await readHfFolder(hfLlamaTiny);
+    spec = {
+      config: nativeConfig(f.config),
+      tensors: f.tensors,
+    };
+  });
+
+  test('"auto" runs on the CPU', async () => {
+    expect(resolveDevice("auto")).toBe("cpu");
+    const m = await Model.load(hfLlamaTiny, { contextSize: 16, device: "auto" });
+    expect(m.info.device).toBe("cpu");
+    m.dispose();
+  });
+
+  test('"cuda" is an error that says why', async () => {
+    await expect(Model.load(hfLlamaTiny, { device: "cuda" })).rejects.toThrow(`device "cuda" was asked for but no GPU is usable: ${cuda.reason}`);
+  });
+
+  test("the addon itself refuses a CUDA load with the reason, not a crash", async () => {
+    const attempt = async () => native().loadModel({ ...spec, device: "cuda" });
+    if (cuda.built) await expect(attempt()).rejects.toThrow(/CUDA was asked for but no device is usable/);
+    else await expect(attempt()).rejects.toThrow(/this build of dki-engine has no CUDA backend/);
+  });
+
+  test("an unknown device string is a TypeError from the addon", async () => {
+    await expect(async () => native().loadModel({ ...spec, device: "tpu" as "cpu" })).rejects.toThrow(/device must be "cpu" or "cuda", got "tpu"/);
+  });
+});
