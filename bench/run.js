@@ -4,11 +4,13 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js" };
+const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", gpu: "gpu.js" };
+// The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh).
+const defaults = ["engine", "injection", "cache"];
 const args = process.argv.slice(2);
 const names = args.filter((a) => !a.startsWith("--"));
 const flags = args.filter((a) => a.startsWith("--"));
-for (const name of names.length ? names : Object.keys(suites)) {
+for (const name of names.length ? names : defaults) {
   const file = suites[name];
   if (!file) {
     console.error(`unknown bench suite "${name}" (known: ${Object.keys(suites).join(", ")})`);

@@ -118,6 +118,12 @@ test("preset configs carry real HF field names and shapes", () => {
   expect(l1b.rope_scaling).toEqual({ rope_type: "llama3", factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 });
   expect(parseHfConfig(l1b).ropeScaling).toMatchObject({ type: "llama3", factor: 32 });
 
+  // Llama-3.1-8B's body (8,030,261,248 parameters with its 128256-token vocabulary, untied).
+  const l8b = presetConfig("llama", "llama-8b");
+  expect(l8b.rope_scaling).toMatchObject({ rope_type: "llama3", factor: 8 });
+  const count8b = [...expectedTensors(parseHfConfig(l8b)).values()].reduce((a, s) => a + s.reduce((x, y) => x * y, 1), 0);
+  expect(count8b).toBe(8_030_261_248 - 2 * (128_256 - 49_152) * 4096);
+
   const qwen = presetConfig("qwen2", "tiny");
   expect(qwen).toMatchObject({ model_type: "qwen2", architectures: ["Qwen2ForCausalLM"], rope_theta: 1000000, attention_bias: true });
   expect(parseHfConfig(qwen).attentionBias).toBe(true);

@@ -11,11 +11,11 @@ import type { WeightDType } from "../formats/safetensors.js";
 import { f32ToBf16Bits, f32ToF16Bits } from "./half.js";
 
 export type TinyArch = "llama" | "qwen2";
-export type TinyPreset = "tiny" | "smollm2-135m" | "llama-1b";
+export type TinyPreset = "tiny" | "smollm2-135m" | "llama-1b" | "llama-8b";
 export type TinyDType = "f32" | "f16" | "bf16";
 
 export const TINY_ARCHES: readonly TinyArch[] = ["llama", "qwen2"];
-export const TINY_PRESETS: readonly TinyPreset[] = ["tiny", "smollm2-135m", "llama-1b"];
+export const TINY_PRESETS: readonly TinyPreset[] = ["tiny", "smollm2-135m", "llama-1b", "llama-8b"];
 export const TINY_DTYPES: readonly TinyDType[] = ["f32", "f16", "bf16"];
 
 /** The fields a test may change to get a variant of a preset (GQA ratios, tying, biases, sizes). */
@@ -47,27 +47,32 @@ export interface PresetShape {
   ropeTheta: number;
   rmsNormEps: number;
   maxPositionEmbeddings: number;
-  /** Llama 3.x long-context RoPE scaling (llama arch only). */
-  llama3RopeScaling: boolean;
+  /** Factor of Llama 3.x long-context RoPE scaling (llama arch only); 0 = none. */
+  llama3RopeFactor: number;
 }
 
 /**
  * Model shapes. Every preset uses vocab 49152 so that the bundled SmolLM2 tokenizer (copied into
- * each folder) can encode prompts and decode every id the model can emit; llama-1b therefore has
- * Llama-3.2-1B's body but not its 128256-token vocabulary.
+ * each folder) can encode prompts and decode every id the model can emit; llama-1b and llama-8b
+ * therefore have Llama-3.2-1B's and Llama-3.1-8B's bodies but not their 128256-token vocabulary.
  */
 export const PRESETS: Readonly<Record<TinyPreset, Readonly<PresetShape>>> = {
   tiny: {
     vocabSize: 49152, hiddenSize: 64, intermediateSize: 172, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 16,
-    tieWordEmbeddings: false, ropeTheta: 10000, rmsNormEps: 1e-5, maxPositionEmbeddings: 4096, llama3RopeScaling: false,
+    tieWordEmbeddings: false, ropeTheta: 10000, rmsNormEps: 1e-5, maxPositionEmbeddings: 4096, llama3RopeFactor: 0,
   },
   "smollm2-135m": {
     vocabSize: 49152, hiddenSize: 576, intermediateSize: 1536, numLayers: 30, numHeads: 9, numKvHeads: 3, headDim: 64,
-    tieWordEmbeddings: true, ropeTheta: 100000, rmsNormEps: 1e-5, maxPositionEmbeddings: 8192, llama3RopeScaling: false,
+    tieWordEmbeddings: true, ropeTheta: 100000, rmsNormEps: 1e-5, maxPositionEmbeddings: 8192, llama3RopeFactor: 0,
   },
   "llama-1b": {
     vocabSize: 49152, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 32, numKvHeads: 8, headDim: 64,
-    tieWordEmbeddings: true, ropeTheta: 500000, rmsNormEps: 1e-5, maxPositionEmbeddings: 131072, llama3RopeScaling: true,
+    tieWordEmbeddings: true, ropeTheta: 500000, rmsNormEps: 1e-5, maxPositionEmbeddings: 131072, llama3RopeFactor: 32,
+  },
+  // For GPU benchmarks: 7.5B parameters, 15 GB in BF16.
+  "llama-8b": {
+    vocabSize: 49152, hiddenSize: 4096, intermediateSize: 14336, numLayers: 32, numHeads: 32, numKvHeads: 8, headDim: 128,
+    tieWordEmbeddings: false, ropeTheta: 500000, rmsNormEps: 1e-5, maxPositionEmbeddings: 131072, llama3RopeFactor: 8,
   },
 };
 
@@ -141,7 +146,7 @@ export function presetConfig(arch: TinyArch, preset: TinyPreset, overrides: Shap
   if (!base) throw new DkiArgumentError(`make-tiny: unknown preset "${String(preset)}" (${TINY_PRESETS.join(", ")})`);
   if (!TINY_ARCHES.includes(arch)) throw new DkiArgumentError(`make-tiny: unknown arch "${String(arch)}" (${TINY_ARCHES.join(", ")})`);
   const { attentionBias: biasOverride, ...shapeOverrides } = overrides;
-  const s: PresetShape = { ...base, ...(arch === "qwen2" ? { ...QWEN2, llama3RopeScaling: false } : {}), ...stripUndefined(shapeOverrides) };
+  const s: PresetShape = { ...base, ...(arch === "qwen2" ? { ...QWEN2, llama3RopeFactor: 0 } : {}), ...stripUndefined(shapeOverrides) };
   const attentionBias = biasOverride ?? arch === "qwen2";
   checkShape(arch, s, attentionBias);
   return {
@@ -157,8 +162,8 @@ export function presetConfig(arch: TinyArch, preset: TinyPreset, overrides: Shap
     hidden_act: "silu",
     rms_norm_eps: s.rmsNormEps,
     rope_theta: s.ropeTheta,
-    rope_scaling: s.llama3RopeScaling
-      ? { rope_type: "llama3", factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 }
+    rope_scaling: s.llama3RopeFactor
+      ? { rope_type: "llama3", factor: s.llama3RopeFactor, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 }
       : null,
     max_position_embeddings: s.maxPositionEmbeddings,
     tie_word_embeddings: s.tieWordEmbeddings,

@@ -1,0 +1,124 @@
+// GPU benchmark (issue #9): prefill (512 and 4096 tokens) and batch-1 decode of the CUDA backend
+// on BF16 random-weight models at the smollm2-135m, llama-1b and llama-8b shapes; time to first
+// token with an injected 1024-token memory block against the same memory as prompt text; the
+// same models through PyTorch transformers (eager and sdpa) in the same run; and decode speed as
+// a share of the HBM bound (weight bytes read per token ÷ the device's measured copy bandwidth).
+// Needs the CUDA addon (npm run build:cuda) and, for the comparison, python3 with torch +
+// transformers. Usage: node bench/gpu.js [--quick]   (quick: no llama-8b)
+//        node bench/gpu.js --smoke   the same code on the CPU with a tiny model and short runs, to
+//                                    check this script where no GPU is (results: gpu-smoke.*)
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
+import { Bench } from "tinybench";
+import { Model } from "../dist/src/engine/model.js";
+import { LogitsMode, native } from "../dist/src/engine/native.js";
+import { machine } from "./lib/machine.js";
+import { benchModel } from "./lib/models.js";
+import { writeResults } from "./lib/results.js";
+
+const smoke = process.argv.includes("--smoke");
+const cuda = native().cuda();
+if (cuda.devices === 0 && !smoke) {
+  console.error(`bench/gpu needs a GPU and the CUDA addon (npm run build:cuda): ${cuda.reason}`);
+  process.exit(1);
+}
+const quick = process.argv.includes("--quick");
+const presets = smoke ? ["tiny"] : ["smollm2-135m", "llama-1b", ...(quick ? [] : ["llama-8b"])];
+const device = smoke ? "cpu" : "cuda";
+const PREFILL = smoke ? [64, 128] : [512, 4096];
+const DECODE = smoke ? 8 : 128;
+const MEMORY = smoke ? 64 : 1024;
+const PROMPT = 32;
+const python = process.env.PYTHON ?? "python3";
+const script = join(import.meta.dirname, "gpu", "transformers_speed.py");
+
+const tokens = (n, salt) => Array.from({ length: n }, (_, i) => 100 + ((i * 7919 + salt) % 40000));
+
+/** Runs the transformers side; null (with the reason in notes) where python/torch are missing. */
+function transformers(args, notes) {
+  const r = spawnSync(python, [script, ...args, "--device", device], { encoding: "utf8", maxBuffer: 1 << 24 });
+  if (r.status !== 0) {
+    notes.push(`transformers ${args.join(" ")} failed: ${(r.error?.message ?? r.stderr).trim().split("\n").pop()}`);
+    return null;
+  }
+  return JSON.parse(r.stdout.trim().split("\n").pop());
+}
+
+const notes = [];
+const copy = smoke ? null : transformers(["--copy-bandwidth"], notes);
+const copyGBs = copy?.copy_gb_s ?? null;
+const rows = [];
+
+for (const preset of presets) {
+  const dir = await benchModel(preset, "bf16");
+  const model = await Model.load(dir, { device, contextSize: PREFILL[1] + DECODE + 16 });
+  const c = model.config;
+  const ctx = model.createContext(PREFILL[1] + DECODE + 16);
+  const bench = new Bench({ iterations: 5, warmupIterations: 1, time: 0, warmupTime: 0 });
+  for (const n of PREFILL) {
+    const ids = Int32Array.from(tokens(n, 1));
+    bench.add(`prefill ${n}`, async () => {
+      ctx.reset(0);
+      await ctx.eval(ids, LogitsMode.Last);
+    });
+  }
+  const start = Int32Array.from(tokens(16, 2));
+  const next = tokens(DECODE, 3);
+  bench.add(`decode ${DECODE}`, async () => {
+    ctx.reset(0);
+    await ctx.eval(start, LogitsMode.Last);
+    for (const t of next) await ctx.eval(Int32Array.of(t), LogitsMode.Last);
+  });
+
+  // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
+  const memory = tokens(MEMORY, 4);
+  const prompt = tokens(PROMPT, 5);
+  const kv = await model.computeBlock(memory, { startPos: -MEMORY });
+  bench.add("ttft injected", async () => {
+    await model.generate({ tokens: prompt }, { maxNewTokens: 1, stopOnEos: false, segments: [{ kv }] });
+  });
+  bench.add("ttft as text", async () => {
+    await model.generate({ tokens: [...memory, ...prompt] }, { maxNewTokens: 1, stopOnEos: false });
+  });
+  await bench.run();
+  const ms = Object.fromEntries(bench.tasks.map((t) => [t.name, t.result.latency.mean]));
+
+  // Decode reads every matrix once per token, but only one row of an untied embedding table.
+  const embedBytes = c.tieWordEmbeddings ? 0 : c.vocabSize * c.hiddenSize * 2;
+  const bytesPerToken = model.info.deviceBytes - embedBytes;
+  const decodeTokS = (DECODE * 1000) / ms[`decode ${DECODE}`];
+  const boundTokS = copyGBs ? (copyGBs * 1e9) / bytesPerToken : null;
+  const row = {
+    model: `llama ${preset}`,
+    params: `${(model.info.paramCount / 1e9).toFixed(2)}B`,
+    ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s`, (n * 1000) / ms[`prefill ${n}`]])),
+    "decode tok/s": decodeTokS,
+    "HBM bound tok/s": boundTokS,
+    "of bound": boundTokS ? `${((100 * decodeTokS) / boundTokS).toFixed(0)}%` : "n/a",
+    "TTFT injected ms": ms["ttft injected"],
+    "TTFT as text ms": ms["ttft as text"],
+  };
+  ctx.dispose();
+  model.dispose();
+
+  for (const attn of ["eager", "sdpa"]) {
+    const t = transformers(["--model", dir, "--attn", attn, "--prefill", PREFILL.join(","), "--decode", String(DECODE)], notes);
+    row[`${attn} prefill ${PREFILL[0]}`] = t?.[`prefill_${PREFILL[0]}_tok_s`];
+    row[`${attn} decode tok/s`] = t?.decode_tok_s;
+    row[`decode vs ${attn}`] = t ? `${(decodeTokS / t.decode_tok_s).toFixed(2)}×` : "n/a";
+  }
+  rows.push(row);
+  process.stderr.write(`${preset}: ${JSON.stringify(row)}\n`);
+}
+
+writeResults(smoke ? "gpu-smoke" : "gpu-cuda", {
+  machine: { ...machine(native()), gpu: cuda.names[0] },
+  columns: Object.keys(rows[0]),
+  rows,
+  notes: [
+    `GPU: ${cuda.names[0]}; device copy bandwidth ${copyGBs ? copyGBs.toFixed(0) + " GB/s (read + write, torch copy_ of 2 GiB)" : "not measured"}.`,
+    `BF16 weights, batch 1; decode = ${DECODE} tokens after a 16-token prompt; transformers runs the same folders in bfloat16 with its own K/V cache.`,
+    `TTFT: a ${PROMPT}-token prompt with a ${MEMORY}-token memory, injected as a precomputed K/V block vs prepended as text.`,
+    ...notes,
+  ],
+});

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU recipe (issue #9): on a CUDA host, builds the CUDA addon, runs the GPU tests and the GPU
+# benchmark. Run from anywhere inside the checkout:
+#
+#   bench/gpu/run.sh [--quick]        (--quick: no llama-8b in the benchmark)
+#
+# Needs: Node >= 20, the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.18, node_modules (`npm ci`, or
+# unpacked from bench/gpu/pack-for-device.sh on a host without network), and python3 with torch +
+# transformers for the comparison columns (the benchmark notes their absence otherwise).
+# It calls CMake directly rather than through cmake-js, which would download Node's headers:
+# they are taken from NODE_INCLUDE, or found beside node, or in /usr/include/node.
+# CUDA_ARCH builds one GPU architecture only (e.g. 90 for H100; default 80;86;89;90);
+# DKI_CMAKE_ARGS adds CMake arguments (e.g. -DCUDA_cublas_LIBRARY=... for a cuBLAS outside the toolkit).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+node_prefix="$(dirname "$(dirname "$(readlink -f "$(command -v node)")")")"
+inc="${NODE_INCLUDE:-}"
+for d in "$node_prefix/include/node" /usr/include/node; do
+  if [ -z "$inc" ] && [ -f "$d/node_api.h" ]; then inc="$d"; fi
+done
+if [ -z "$inc" ]; then echo "Node's headers (node_api.h) not found: set NODE_INCLUDE" >&2; exit 1; fi
+[ -d node_modules ] || npm ci --ignore-scripts
+
+cmake -S . -B build -DDKI_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_JS_INC="$inc" \
+  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$PWD/build/Release" ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH} ${DKI_CMAKE_ARGS:-}
+cmake --build build -j "$(nproc)"
+if [ -d node_modules/typescript ]; then npx tsc -p tsconfig.json; fi  # else dist/ came along
+
+node -e "import('./dist/src/engine/native.js').then(({ native }) => { const c = native().cuda(); console.log(c); if (!c.devices) process.exit(1); })"
+npx vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts
+node bench/gpu.js "$@"
