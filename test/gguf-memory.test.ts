@@ -18,9 +18,9 @@ const CONTEXT = 512;
 const NEW_TOKENS = 48;
 const linux = existsSync("/proc/self/clear_refs");
 
-/** Peak RSS growth over RSS before the work and JavaScript's share of it, in a fresh process (support/rss-probe.mjs). */
+/** Peak RSS growth over RSS before the work and JavaScript's share of it, in a fresh process (bench/lib/rss-probe.mjs). */
 function probe(file: string, ...args: string[]): { grew: number; jsGrew: number; generated: number } {
-  const script = join(packageRoot(), "test", "support", "rss-probe.mjs");
+  const script = join(packageRoot(), "bench", "lib", "rss-probe.mjs");
   const r = spawnSync(process.execPath, [script, join(packageRoot(), "dist"), file, ...args], { encoding: "utf8" });
   if (r.status !== 0) throw new Error(`rss-probe failed: ${r.stderr}`);
   const { before, peak, jsGrew, generated } = JSON.parse(r.stdout) as { before: number; peak: number; jsGrew: number; generated: number };

@@ -1,4 +1,4 @@
-// Run as a child process by gguf-memory.test.ts: loads a model file and generates. Reports the
+// Run as a child process by test/gguf-memory.test.ts and bench/memory.js: loads a model file and generates. Reports the
 // process's resident memory before the work, its peak during it (reset through
 // /proc/self/clear_refs once the modules are loaded, so only this work counts), and how much
 // memory JavaScript took meanwhile: the V8 heap (the JS tokenizer, token strings) and
