@@ -557,10 +557,13 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
  private:
   class EvalWorker : public PromiseWorker {
    public:
-    EvalWorker(Napi::Env env, ContextWrap* self, std::vector<int32_t> tokens, LogitsMode mode)
+    // out: a Float32Array of exactly the logits' size to fill instead of allocating one (the
+    // generation loop reuses one per step), or empty.
+    EvalWorker(Napi::Env env, ContextWrap* self, std::vector<int32_t> tokens, LogitsMode mode, Napi::Float32Array out)
         : PromiseWorker(env), self_(self), tokens_(std::move(tokens)), mode_(mode) {
       self_->Ref();
       self_->set_busy(true);
+      if (!out.IsEmpty()) out_ = Napi::Persistent(out);
     }
     void Run() override {
       std::lock_guard<std::mutex> lock(g_compute);
@@ -568,7 +571,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     }
     Napi::Value Resolve(Napi::Env env) override {
       if (mode_ == LogitsMode::None) return env.Null();
-      Napi::Float32Array out = Napi::Float32Array::New(env, logits_.size());
+      Napi::Float32Array out = out_.IsEmpty() ? Napi::Float32Array::New(env, logits_.size()) : out_.Value();
       std::copy(logits_.begin(), logits_.end(), out.Data());
       return out;
     }
@@ -581,10 +584,11 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     ContextWrap* self_;
     std::vector<int32_t> tokens_;
     LogitsMode mode_;
+    Napi::Reference<Napi::Float32Array> out_;
     std::vector<float> logits_;
   };
 
-  // eval(tokens: Int32Array, logits: 0 none | 1 last | 2 all) → Promise<Float32Array | null>
+  // eval(tokens: Int32Array, logits: 0 none | 1 last | 2 all, out?: Float32Array) → Promise<Float32Array | null>
   Napi::Value Eval(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     ctx(env);
@@ -594,7 +598,17 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     int mode = info[1].As<Napi::Number>().Int32Value();
     if (mode < 0 || mode > 2) throw_type(env, "logits mode must be 0, 1 or 2");
     std::vector<int32_t> tokens(t.Data(), t.Data() + t.ElementLength());
-    auto* w = new EvalWorker(env, this, std::move(tokens), LogitsMode(mode));
+    Napi::Float32Array out;
+    if (info.Length() > 2 && !info[2].IsUndefined()) {
+      if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+        throw_type(env, "eval: out must be a Float32Array");
+      out = info[2].As<Napi::Float32Array>();
+      const size_t V = size_t(ctx_->model().config().vocab_size);
+      const size_t want = mode == 0 ? 0 : mode == 1 ? V : V * tokens.size();
+      if (out.ElementLength() != want)
+        throw Napi::RangeError::New(env, "eval: out has " + std::to_string(out.ElementLength()) + " floats, the logits need " + std::to_string(want));
+    }
+    auto* w = new EvalWorker(env, this, std::move(tokens), LogitsMode(mode), out);
     Napi::Promise p = w->promise();
     w->Queue();
     return p;

@@ -1,7 +1,7 @@
 // The generation loop: sampling, streaming, stop conditions, cancellation, and not blocking Node.
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
-import { native } from "../src/engine/native.js";
+import { LogitsMode, native } from "../src/engine/native.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { tempDir } from "./support/paths.js";
 
@@ -104,6 +104,33 @@ describe("generation", () => {
     await expect(model.generate({ tokens: [] })).rejects.toThrow(/empty/);
     await expect(model.generate({ tokens: Array(300).fill(5) })).rejects.toThrow(/context window/);
     await expect(model.generate("x", { maxNewTokens: -2 })).rejects.toThrow(/maxNewTokens/);
+  });
+});
+
+describe("eval into a caller's buffer", () => {
+  test("the logits land in `out`, equal to a fresh array's, and `out` is what resolves", async () => {
+    const V = model.config.vocabSize;
+    const ctx = model.createContext(32);
+    try {
+      const fresh = (await ctx.eval(Int32Array.of(5, 6, 7), LogitsMode.All))!;
+      ctx.reset(0);
+      const out = new Float32Array(3 * V);
+      expect(await ctx.eval(Int32Array.of(5, 6, 7), LogitsMode.All, out)).toBe(out);
+      expect(out).toEqual(fresh);
+    } finally {
+      ctx.dispose();
+    }
+  });
+
+  test("a buffer of the wrong size or type is refused before any work", async () => {
+    const ctx = model.createContext(32);
+    try {
+      expect(() => ctx.eval(Int32Array.of(5, 6), LogitsMode.Last, new Float32Array(10))).toThrow(/out has 10 floats, the logits need 49152/);
+      expect(() => ctx.eval(Int32Array.of(5), LogitsMode.Last, new Float64Array(49152) as unknown as Float32Array)).toThrow(/out must be a Float32Array/);
+      expect(ctx.nPast).toBe(0);
+    } finally {
+      ctx.dispose();
+    }
   });
 });
 

@@ -85,12 +85,12 @@ function abortError(signal: AbortSignal): unknown {
 }
 
 /** Evaluates tokens, cancelling the native work if the signal fires meanwhile. */
-async function evalAbortable(ctx: NativeContextHandle, tokens: number[], mode: LogitsMode, signal?: AbortSignal): Promise<Float32Array | null> {
+async function evalAbortable(ctx: NativeContextHandle, tokens: number[], mode: LogitsMode, signal?: AbortSignal, out?: Float32Array): Promise<Float32Array | null> {
   if (signal?.aborted) throw abortError(signal);
   const onAbort = () => ctx.cancel();
   signal?.addEventListener("abort", onAbort, { once: true });
   try {
-    return await ctx.eval(Int32Array.from(tokens), mode);
+    return await ctx.eval(Int32Array.from(tokens), mode, out);
   } catch (e) {
     if (signal?.aborted) throw abortError(signal);
     throw e;
@@ -121,7 +121,9 @@ export async function runGeneration(
   }
 
   const t0 = performance.now();
-  let logits = (await evalAbortable(ctx, prompt, LogitsMode.Last, opts.signal))!;
+  // One logits buffer for the whole generation: each step overwrites the last one's.
+  const logits = new Float32Array(model.config.vocabSize);
+  await evalAbortable(ctx, prompt, LogitsMode.Last, opts.signal, logits);
   const prefillMs = performance.now() - t0;
   const firstTokenEntropy = entropy(logits);
 
@@ -165,7 +167,7 @@ export async function runGeneration(
       finishReason = "context";
       break;
     }
-    logits = (await evalAbortable(ctx, [id], LogitsMode.Last, opts.signal))!;
+    await evalAbortable(ctx, [id], LogitsMode.Last, opts.signal, logits);
   }
   if (finishReason !== "stop") {
     text += decoder.flush();

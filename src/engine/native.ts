@@ -72,7 +72,8 @@ export const LogitsMode = { None: 0, Last: 1, All: 2 } as const;
 export type LogitsMode = (typeof LogitsMode)[keyof typeof LogitsMode];
 
 export interface NativeContextHandle {
-  eval(tokens: Int32Array, mode: LogitsMode): Promise<Float32Array | null>;
+  /** With `out` (exactly the logits' size) the logits are written there and `out` is returned: no allocation per step. */
+  eval(tokens: Int32Array, mode: LogitsMode, out?: Float32Array): Promise<Float32Array | null>;
   reset(posBase?: number): void;
   truncate(n: number): void;
   cancel(): void;
