@@ -2,7 +2,7 @@
 // process's resident memory before the work, its peak during it (reset through
 // /proc/self/clear_refs once the modules are loaded, so only this work counts), and how much
 // memory JavaScript took meanwhile: the V8 heap (the JS tokenizer, token strings) and
-// ArrayBuffers (the logits of every step, until they are collected). Linux only.
+// ArrayBuffers. Linux only.
 //   node rss-probe.mjs DIST_DIR MODEL_FILE CONTEXT_SIZE NEW_TOKENS
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
