@@ -85,6 +85,14 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(maxRowDiff(await cpu.logits(prompt, inj), await cuda.logits(prompt, inj))).toBeLessThan(tol);
     });
 
+    test("the same block injected again with another α (not uploaded again) still matches the CPU", async () => {
+      const kv = await cpu.computeBlock(memory, { startPos: -memory.length });
+      for (const alpha of [0.5, 0.9, 0.5]) {
+        const inj: InjectionOptions = { segments: [{ kv, alpha }], positions: "negative" };
+        expect(maxRowDiff(await cpu.logits(prompt, inj), await cuda.logits(prompt, inj))).toBeLessThan(tol);
+      }
+    });
+
     test("attention entropy probe matches the CPU", async () => {
       for (const layer of [0, 1]) {
         const a = await cpu.attentionEntropy({ tokens: prompt }, layer), b = await cuda.attentionEntropy({ tokens: prompt }, layer);

@@ -34,7 +34,7 @@ class CudaForward {
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;
 
-  // Uploads the segments' K/V (once per set of blocks; unchanged blocks are not copied again).
+  // Uploads the segments' K/V; the same blocks set again (other α allowed) are not copied again.
   void set_segments(const std::vector<Segment>& segments);
 
   // Runs T ≤ kMaxChunk tokens at positions pos0.. after n_past cached ones. logits receives the

@@ -32,6 +32,10 @@ struct CudaForward::Impl {
   // Injected segments, concatenated: [layer][kv_head][S_seg][hd], per-column bias and value scale.
   DeviceBuffer seg_k, seg_v, seg_bias, seg_vscale;
   int S_seg = 0;
+  // The blocks whose K/V seg_k/seg_v hold now, in order. Held so that their addresses cannot be
+  // reused by other blocks: the same blocks set again (a user's memory on every turn) are not
+  // uploaded again.
+  std::vector<std::shared_ptr<const KVBlock>> uploaded;
   std::vector<float> host_cos, host_sin;
 
   ~Impl() {
@@ -111,7 +115,11 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
   const ModelConfig& c = s.cfg;
   DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
   int S = 0;
-  for (const auto& seg : segments) S += seg.block->n_tokens;
+  bool same = segments.size() == s.uploaded.size();
+  for (size_t i = 0; i < segments.size(); i++) {
+    S += segments[i].block->n_tokens;
+    same = same && segments[i].block == s.uploaded[i];
+  }
   s.S_seg = S;
   if (S == 0) return;
   const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
@@ -123,14 +131,17 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
     s.seg_bias.allocate(S * f, "segment score biases");
     s.seg_vscale.allocate(S * f, "segment value scales");
   }
+  if (!same) s.uploaded.clear();  // a failed upload must not leave a stale "same" behind
   std::vector<float> bias(S), vscale(S);
   int off = 0;
   for (const auto& seg : segments) {
     const KVBlock& b = *seg.block;
-    // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats.
-    const size_t width = size_t(b.n_tokens) * hd * f;
-    DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, b.k.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
-    DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, b.v.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+    if (!same) {
+      // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats.
+      const size_t width = size_t(b.n_tokens) * hd * f;
+      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, b.k.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, b.v.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+    }
     for (int i = 0; i < b.n_tokens; i++) {
       bias[off + i] = seg.logit_scaling ? std::log(seg.alpha) : 0.f;
       vscale[off + i] = seg.logit_scaling ? 1.f : seg.alpha;
@@ -140,6 +151,8 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
   DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, s.stream));
   DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, s.stream));
   DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // the host vectors above die with this call
+  s.uploaded.clear();
+  for (const auto& seg : segments) s.uploaded.push_back(seg.block);
 }
 
 void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0, int rows, float* logits, int probe_layer, float* probe) {
