@@ -289,14 +289,7 @@ void Context::attention(int l, int T) {
       j += own;
       const int S = j;
       // Softmax over all S columns.
-      float mx = -INFINITY;
-      for (int i = 0; i < S; i++) mx = std::max(mx, scores[i]);
-      double sum = 0;
-      for (int i = 0; i < S; i++) {
-        scores[i] = std::exp(scores[i] - mx);
-        sum += scores[i];
-      }
-      const float inv = float(1.0 / sum);
+      const float inv = float(1.0 / K.softmax_exp(scores.data(), S));
       if (l == probe_layer_ && t == T - 1) {
         double h_ent = 0;
         for (int i = 0; i < S; i++) {

@@ -29,6 +29,8 @@ struct Kernels {
   void (*scores)(const float* q, const float* k, int n, int hd, float scale, float* out);
   // out += sum_i w[i] * v[i] for n value rows of length hd stored contiguously
   void (*weighted_sum)(const float* w, const float* v, int n, int hd, float* out);
+  // The numerators of a softmax: x[i] ← exp(x[i] − max x) for n ≥ 1 finite scores; returns Σ x[i].
+  double (*softmax_exp)(float* x, int n);
   // Bulk conversions for K/V storage forms (dst and src do not overlap).
   void (*f16_to_f32)(const uint16_t* src, float* dst, size_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, size_t n);

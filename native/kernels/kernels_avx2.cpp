@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels.h"
@@ -380,6 +381,53 @@ DKI_AVX2 void weighted_sum(const float* w, const float* v, int n, int hd, float*
   for (int c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
+// exp(x) for x ≤ 0 (softmax numerators), 8 at a time: x = n·ln2 + r with |r| ≤ ln2/2, e^r from
+// Cephes' degree-6 polynomial (~1 ulp), 2^n built in the exponent bits. Below −87 the result
+// would be subnormal; it is flushed to 0, which a softmax cannot tell from e^−87.
+DKI_AVX2 inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+DKI_AVX2 double softmax_exp(float* x, int n) {
+  __m256 mv = _mm256_set1_ps(x[0]);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  float mx = _mm_cvtss_f32(m4);
+  for (; i < n; i++) mx = std::max(mx, x[i]);
+
+  const __m256 shift = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  double sum = hsum(acc);
+  for (; i < n; i++) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
 // Restoring a large block writes far more than the caches hold: stream those stores past the
 // cache (no read-for-ownership of every destination line). Small runs stay cached for their user.
 constexpr size_t kStreamFrom = size_t(1) << 16;  // elements
@@ -457,7 +505,7 @@ DKI_AVX2 void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"avx2", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 

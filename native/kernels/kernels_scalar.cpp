@@ -83,6 +83,17 @@ void weighted_sum(const float* w, const float* v, int n, int hd, float* out) {
   for (int i = 0; i < n; i++) axpy(w[i], v + size_t(i) * hd, out, hd);
 }
 
+double softmax_exp(float* x, int n) {
+  float mx = x[0];
+  for (int i = 1; i < n; i++) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int i = 0; i < n; i++) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
@@ -99,7 +110,7 @@ void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 
