@@ -113,10 +113,12 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     o.Set("weightBytes", double(m->weight_bytes()));
     o.Set("device", "cpu");
     o.Set("deviceBytes", 0.0);
+    o.Set("deviceIndex", -1);
 #ifdef DKI_CUDA
     if (const auto& dw = m->device_weights()) {
       o.Set("device", "cuda");
       o.Set("deviceBytes", double(cuda_weight_bytes(*dw)));
+      o.Set("deviceIndex", cuda_weights_device(*dw));
     }
 #endif
     return o;
@@ -279,7 +281,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
                                    {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose),
                                     InstanceMethod("scaleValues", &BlockWrap::ScaleValues), InstanceMethod("slice", &BlockWrap::Slice),
                                     InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes),
-                                    InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values)});
+                                    InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values),
+                                    InstanceMethod("toDevice", &BlockWrap::ToDevice), InstanceMethod("toHost", &BlockWrap::ToHost)});
     ctor = Napi::Persistent(f);
     exports.Set("NativeKVBlock", f);
   }
@@ -288,7 +291,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   static Napi::Object Wrap(std::shared_ptr<const KVBlock> b) {
     Napi::Object obj = ctor.New({});
     BlockWrap* w = Unwrap(obj);
-    w->external_ = int64_t((b->k.size() + b->v.size()) * sizeof(float));
+    // GPU memory counts too: a device block left to the collector holds scarce device memory.
+    w->external_ = int64_t(host_bytes(*b) + device_bytes(*b));
     ExternalBlockBytes::add(obj.Env(), w->external_);
     w->env_ = obj.Env();
     w->block_ = std::move(b);
@@ -315,8 +319,24 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     Napi::Int32Array toks = Napi::Int32Array::New(env, b->tokens.size());
     std::copy(b->tokens.begin(), b->tokens.end(), toks.Data());
     o.Set("tokens", toks);
-    o.Set("byteSize", double((b->k.size() + b->v.size()) * sizeof(float)));
+    o.Set("byteSize", double(host_bytes(*b)));
+    o.Set("deviceBytes", double(device_bytes(*b)));
+    o.Set("device", device_of(*b));
     return o;
+  }
+  static size_t host_bytes(const KVBlock& b) { return (b.k.size() + b.v.size()) * sizeof(float); }
+  static size_t device_bytes(const KVBlock& b) {
+#ifdef DKI_CUDA
+    if (b.device) return device_kv_bytes(*b.device);
+#endif
+    return 0;
+  }
+  // The GPU that holds the block's tensors, or -1 for host memory.
+  static int device_of(const KVBlock& b) {
+#ifdef DKI_CUDA
+    if (b.device) return device_kv_device(*b.device);
+#endif
+    return -1;
   }
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
     release();
@@ -355,12 +375,41 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     }
   }
   // keys() / values(): copies of the fp32 tensors, [layer][kv_head][token][head_dim], for tests and analysis.
-  Napi::Value Keys(const Napi::CallbackInfo& info) { return Copy(info.Env(), block(info.Env())->k); }
-  Napi::Value Values(const Napi::CallbackInfo& info) { return Copy(info.Env(), block(info.Env())->v); }
+  Napi::Value Keys(const Napi::CallbackInfo& info) { return Copy(info.Env(), host_tensors(info.Env(), "keys").k); }
+  Napi::Value Values(const Napi::CallbackInfo& info) { return Copy(info.Env(), host_tensors(info.Env(), "values").v); }
+
+  // toDevice(deviceIndex) → Promise<NativeKVBlock>: the block in that GPU's memory.
+  Napi::Value ToDevice(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    auto b = block(env);
+    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "toDevice(deviceIndex: number)");
+#ifdef DKI_CUDA
+    const int device = info[0].As<Napi::Number>().Int32Value();
+    return RunBlockOp(env, [b, device] { return cuda_block_to_device(b, device); });
+#else
+    throw Napi::Error::New(env, "toDevice: this addon was built without the CUDA backend (npm run build:cuda builds it)");
+#endif
+  }
+  // toHost() → Promise<NativeKVBlock>: the block in host memory.
+  Napi::Value ToHost(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+#ifdef DKI_CUDA
+    return RunBlockOp(info.Env(), [b] { return cuda_block_to_host(b); });
+#else
+    return RunBlockOp(info.Env(), [b] { return b; });  // without CUDA every block is on the host
+#endif
+  }
 
   static Napi::Value RunBlockOp(Napi::Env env, std::function<BlockPtr()> op);
 
  private:
+  const KVBlock& host_tensors(Napi::Env env, const char* op) const {
+    try {
+      return host_kv(*block(env), op);
+    } catch (const dki::Error& e) {
+      throw Napi::Error::New(env, e.what());
+    }
+  }
   static Napi::Value Copy(Napi::Env env, const KVStore& v) {
     Napi::Float32Array a = Napi::Float32Array::New(env, v.size());
     std::copy(v.begin(), v.end(), a.Data());
@@ -675,9 +724,11 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value ExportBlock(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
-    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) throw_type(env, "exportBlock(from: number, to: number)");
+    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber() || (info.Length() > 2 && !info[2].IsBoolean() && !info[2].IsUndefined()))
+      throw_type(env, "exportBlock(from: number, to: number, onDevice?: boolean)");
+    const bool on_device = info.Length() > 2 && info[2].IsBoolean() && info[2].As<Napi::Boolean>().Value();
     try {
-      return BlockWrap::Wrap(c.export_block(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value()));
+      return BlockWrap::Wrap(c.export_block(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value(), on_device));
     } catch (const dki::Error& e) {
       throw Napi::RangeError::New(env, e.what());
     }

@@ -33,8 +33,9 @@ class Context {
   // logits receives nothing, the last row, or every row ([n, vocab]).
   void eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<float>& logits);
 
-  // Copies own tokens [from, to) out as a block (keys stay rotated at their positions).
-  std::shared_ptr<KVBlock> export_block(int from, int to) const;
+  // Copies own tokens [from, to) out as a block (keys stay rotated at their positions). On a GPU
+  // context, on_device keeps the copy in device memory (no trip through the host).
+  std::shared_ptr<KVBlock> export_block(int from, int to, bool on_device = false) const;
 
   // Records, for layer `layer` (-1: none), the attention entropy of each query head at the
   // last token of every eval: a model-uncertainty signal for gating.

@@ -128,6 +128,7 @@ void Context::set_segments(std::vector<Segment> segments) {
     if (b.n_layers != c.n_layers || b.n_kv_heads != c.n_kv_heads || b.head_dim != c.head_dim)
       throw Error("K/V block shape does not match this model");
     if (!(s.alpha > 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a positive finite number");
+    if (!cuda_) host_kv(b, "setSegments");  // the CPU backend reads blocks from host memory
   }
 #ifdef DKI_CUDA
   if (cuda_) cuda_->set_segments(segments);
@@ -315,10 +316,11 @@ void Context::attention(int l, int T) {
   });
 }
 
-std::shared_ptr<KVBlock> Context::export_block(int from, int to) const {
+std::shared_ptr<KVBlock> Context::export_block(int from, int to, bool on_device) const {
   if (from < 0 || to > n_past_ || from >= to)
     throw Error("block range [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the " + std::to_string(n_past_) +
                 " cached tokens");
+  if (on_device && !cuda_) throw Error("exportBlock: this context runs on the CPU; a block can stay on a GPU only for a model loaded with device \"cuda\"");
   const ModelConfig& c = model_->config();
   auto b = std::make_shared<KVBlock>();
   b->n_layers = c.n_layers;
@@ -328,6 +330,12 @@ std::shared_ptr<KVBlock> Context::export_block(int from, int to) const {
   b->start_pos = pos_base_ + from;
   b->fingerprint = model_->fingerprint();
   b->tokens.assign(tokens_.begin() + from, tokens_.begin() + to);
+#ifdef DKI_CUDA
+  if (cuda_ && on_device) {
+    b->device = cuda_->export_kv_device(from, to);
+    return b;
+  }
+#endif
   b->k.resize(size_t(c.n_layers) * b->layer_stride());
   b->v.resize(b->k.size());
 #ifdef DKI_CUDA

@@ -4,10 +4,17 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "common.h"
+
 namespace dki {
+
+// K and V of a block in one GPU's memory (cuda/cuda_backend.h). Only DKI_CUDA builds make one;
+// elsewhere a block's `device` is always null.
+struct DeviceKV;
 
 // Storage of K/V blocks, which are big (46 KB per token at the 135M shape) and often made only
 // to be overwritten at once (restored from a cache tier, exported from a context):
@@ -55,13 +62,39 @@ struct KVBlock {
   int start_pos = 0;
   uint64_t fingerprint = 0;  // of the model that computed it
   std::vector<int32_t> tokens;
-  // [layer][kv_head][token][head_dim], fp32
+  // [layer][kv_head][token][head_dim], fp32. Empty when the block lives only in GPU memory.
   KVStore k, v;
+  // The same tensors in GPU memory, same layout, instead of k and v; null for a host block. A
+  // block never changes residence: toDevice/toHost make new blocks.
+  std::shared_ptr<const DeviceKV> device;
 
+  size_t elements() const { return size_t(n_layers) * layer_stride(); }
+  bool on_host() const { return k.size() == elements(); }
   size_t layer_stride() const { return size_t(n_kv_heads) * n_tokens * head_dim; }
   const float* k_layer(int l) const { return k.data() + l * layer_stride(); }
   const float* v_layer(int l) const { return v.data() + l * layer_stride(); }
 };
+
+// A block with b's shape, position, model and tokens, and no tensors yet.
+inline std::shared_ptr<KVBlock> same_header(const KVBlock& b) {
+  auto out = std::make_shared<KVBlock>();
+  out->n_layers = b.n_layers;
+  out->n_kv_heads = b.n_kv_heads;
+  out->head_dim = b.head_dim;
+  out->n_tokens = b.n_tokens;
+  out->start_pos = b.start_pos;
+  out->fingerprint = b.fingerprint;
+  out->tokens = b.tokens;
+  return out;
+}
+
+// The block itself, after checking that its tensors are in host memory: `op` names what needed
+// them in the error a device-only block gets.
+inline const KVBlock& host_kv(const KVBlock& b, const char* op) {
+  if (!b.on_host())
+    throw Error(std::string(op) + ": this K/V block lives only in GPU memory; copy it back with toHost() first");
+  return b;
+}
 
 // Rotates one head vector by the angles whose cos/sin are given (hd/2 of each). Hugging Face
 // pairs dimension i with i + hd/2 ("rotate half"); interleaved layouts pair 2i with 2i+1.

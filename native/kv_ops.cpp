@@ -6,6 +6,9 @@
 #include "common.h"
 #include "kernels/kernels.h"
 #include "threadpool.h"
+#ifdef DKI_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace dki {
 
@@ -21,6 +24,13 @@ std::shared_ptr<KVBlock> like(const KVBlock& b, int n_tokens) {
   out->fingerprint = b.fingerprint;
   out->k.resize(size_t(b.n_layers) * out->layer_stride());
   out->v.resize(out->k.size());
+  return out;
+}
+
+// A host-memory copy of b to change: derived blocks never carry b's device copy along.
+std::shared_ptr<KVBlock> host_copy(const KVBlock& b, const char* op) {
+  auto out = std::make_shared<KVBlock>(host_kv(b, op));
+  out->device.reset();
   return out;
 }
 
@@ -103,14 +113,20 @@ T get(const unsigned char* p, size_t& at) {
 
 BlockPtr scale_values(const KVBlock& b, float alpha) {
   if (!std::isfinite(alpha)) throw Error("alpha must be a finite number");
-  auto out = std::make_shared<KVBlock>(b);
+#ifdef DKI_CUDA
+  if (b.device) return cuda_scale_values(b, alpha);
+#endif
+  auto out = host_copy(b, "scaleValues");
   for (float& v : out->v) v *= alpha;
   return out;
 }
 
 BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {
   if (int(inv_freq.size()) * 2 != b.head_dim) throw Error("block head_dim does not match the model");
-  auto out = std::make_shared<KVBlock>(b);
+#ifdef DKI_CUDA
+  if (b.device) return cuda_remap_positions(b, new_start, inv_freq, interleaved);
+#endif
+  auto out = host_copy(b, "remap");
   rotate_keys(*out, new_start - b.start_pos, inv_freq, interleaved);
   out->start_pos = new_start;
   return out;
@@ -124,9 +140,13 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
     if (b->fingerprint != first.fingerprint) throw Error("cannot concat blocks computed by different models");
     if (b->n_layers != first.n_layers || b->n_kv_heads != first.n_kv_heads || b->head_dim != first.head_dim)
       throw Error("cannot concat blocks of different shapes");
+    if (!first.device) host_kv(*b, "concat");
     total += b->n_tokens;
   }
   if (total > kMaxTokens) throw Error("concatenated block would exceed " + std::to_string(kMaxTokens) + " tokens");
+#ifdef DKI_CUDA
+  if (first.device) return cuda_concat_blocks(blocks, int(total), inv_freq, interleaved);
+#endif
   auto out = like(first, int(total));
   int at = 0;
   for (const auto& b : blocks) {
@@ -142,6 +162,10 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
 BlockPtr slice_block(const KVBlock& b, int from, int to) {
   if (from < 0 || to > b.n_tokens || from >= to)
     throw Error("slice [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the block's " + std::to_string(b.n_tokens) + " tokens");
+#ifdef DKI_CUDA
+  if (b.device) return cuda_slice_block(b, from, to);
+#endif
+  host_kv(b, "slice");
   auto out = like(b, to - from);
   copy_tokens(b, from, to - from, *out, 0);
   out->start_pos = b.start_pos + from;
@@ -208,6 +232,7 @@ void convert_parallel(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst*
 }  // namespace
 
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
+  host_kv(b, "serialize");
   const size_t n = elements(b);
   const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
   std::vector<unsigned char> out(sizeof(Header) + body);

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model, type InjectionOptions } from "../src/engine/model.js";
 import { LogitsMode, native } from "../src/engine/native.js";
+import { KVBlock } from "../src/kv/kv-block.js";
 import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
 import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
 
@@ -141,6 +142,72 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(5e-2);
       cpu.dispose();
       cuda.dispose();
+    });
+  });
+
+  describe("K/V blocks in GPU memory", () => {
+    let m: Model;
+    beforeAll(async () => {
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 4, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16 } });
+      m = await Model.load(dir, { contextSize: 256, device: "cuda" });
+    });
+    afterAll(() => m.dispose());
+
+    test("toDevice / toHost round trip is exact, and a device block names what needs the host", async () => {
+      const host = await m.computeBlock(memory);
+      const dev = await host.toDevice();
+      expect(dev.device).toBe(0);
+      expect(dev.byteSize).toBe(0);
+      expect(dev.deviceBytes).toBe(host.byteSize);
+      expect(() => dev.keys()).toThrow(/lives only in GPU memory; copy it back with toHost\(\) first/);
+      await expect(dev.serialize("int8")).rejects.toThrow(/serialize: this K\/V block lives only in GPU memory/);
+      const back = await dev.toHost();
+      expect(back.device).toBeNull();
+      expect(back.keys()).toEqual(host.keys());
+      expect(back.values()).toEqual(host.values());
+    });
+
+    test("computeBlock({ onDevice }) keeps the block on the GPU with the same tensors", async () => {
+      const host = await m.computeBlock(memory, { startPos: -memory.length });
+      const dev = await m.computeBlock(memory, { startPos: -memory.length, onDevice: true });
+      expect(dev.device).not.toBeNull();
+      const back = await dev.toHost();
+      expect(back.keys()).toEqual(host.keys());
+      expect(back.values()).toEqual(host.values());
+    });
+
+    test("a device block injects exactly like the same block from host memory", async () => {
+      const host = await m.computeBlock(memory, { startPos: -memory.length });
+      const dev = await host.toDevice();
+      for (const o of [{ alpha: 1, scaling: "value" }, { alpha: 0.5, scaling: "logit" }] as const) {
+        const a = await m.logits(prompt, { segments: [{ kv: host, ...o }], positions: "negative" });
+        const b = await m.logits(prompt, { segments: [{ kv: dev, ...o }], positions: "negative" });
+        expect(maxRowDiff(a, b)).toBe(0);
+      }
+      // Injection at prefix positions remaps the device block on the device.
+      const p = await m.logits(prompt, { segments: [{ kv: dev }], positions: "prefix" });
+      const full = (await m.logits([...memory, ...prompt])).slice(memory.length);
+      expect(maxRowDiff(full, p)).toBeLessThan(1e-3);
+    });
+
+    test("scaleValues, remap, slice and concat on the device equal the host operations", async () => {
+      const host = await m.computeBlock(memory, { startPos: 3 });
+      const dev = await host.toDevice();
+      const same = async (d: KVBlock, h: KVBlock, tol: number) => {
+        expect(d.device).not.toBeNull();
+        const back = await d.toHost();
+        expect({ n: back.nTokens, start: back.startPos, tokens: back.tokens }).toEqual({ n: h.nTokens, start: h.startPos, tokens: h.tokens });
+        expect(maxAbsDiff(back.keys(), h.keys())).toBeLessThanOrEqual(tol);
+        expect(maxAbsDiff(back.values(), h.values())).toBeLessThanOrEqual(tol);
+      };
+      await same(await dev.scaleValues(0.37), await host.scaleValues(0.37), 0);
+      await same(await dev.remap(-40), await host.remap(-40), 1e-5);
+      await same(await dev.slice(2, 9), await host.slice(2, 9), 0);
+      const parts = [await dev.slice(0, 5), await (await dev.slice(5, 12)).remap(100)];
+      const hostParts = [await host.slice(0, 5), await (await host.slice(5, 12)).remap(100)];
+      await same(await KVBlock.concat(parts), await KVBlock.concat(hostParts), 1e-5);
+      await expect(KVBlock.concat([parts[0], hostParts[1]])).rejects.toThrow(/all in host memory or all on the same GPU/);
     });
   });
 

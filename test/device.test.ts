@@ -1,7 +1,7 @@
 // Choosing where a model runs. Everywhere: "cpu" is the default, "auto" falls back to the CPU
 // without a usable GPU, and "cuda" without one is a clear error, never a crash. The CUDA
 // arithmetic itself is checked by cuda.test.ts on a machine with a GPU.
-import { beforeAll, describe, expect, test } from "vitest";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model, nativeConfig, resolveDevice } from "../src/engine/model.js";
 import { native } from "../src/engine/native.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
@@ -56,5 +56,41 @@ describe.skipIf(cuda.devices > 0)("without a usable GPU", () => {
 
   test("an unknown device string is a TypeError from the addon", async () => {
     await expect(async () => native().loadModel({ ...spec, device: "tpu" as "cpu" })).rejects.toThrow(/device must be "cpu" or "cuda", got "tpu"/);
+  });
+});
+
+describe("K/V block residence on a CPU model", () => {
+  let m: Model;
+  beforeAll(async () => {
+    m = await Model.load(hfLlamaTiny, { contextSize: 32 });
+  });
+  afterAll(() => m.dispose());
+
+  test("blocks live in host memory, and toHost() gives a new block over the same data", async () => {
+    const b = await m.computeBlock([5, 9, 14, 2]);
+    expect(b.device).toBeNull();
+    expect(b.deviceBytes).toBe(0);
+    expect(b.byteSize).toBe(2 * 4 * b.nLayers * b.nKvHeads * b.nTokens * b.headDim);
+    const h = await b.toHost();
+    expect(h).not.toBe(b);
+    const keys = b.keys();
+    b.dispose(); // the copy holds its own reference
+    expect(h.keys()).toEqual(keys);
+    h.dispose();
+  });
+
+  test("asking for a GPU copy is an error that says why", async () => {
+    const b = await m.computeBlock([5, 9, 14, 2]);
+    await expect(b.toDevice()).rejects.toThrow(/toDevice: the model runs on the CPU/);
+    await expect(m.computeBlock([5, 9], { onDevice: true })).rejects.toThrow(/onDevice: the model runs on the CPU/);
+    const ctx = m.createContext(8);
+    try {
+      await ctx.eval(Int32Array.of(5, 9, 14), 0);
+      expect(() => ctx.exportBlock(0, 2, true)).toThrow(/this context runs on the CPU/);
+    } finally {
+      ctx.dispose();
+    }
+    if (!cuda.built) expect(() => b.nativeHandle().toDevice(0)).toThrow(/built without the CUDA backend/);
+    b.dispose();
   });
 });

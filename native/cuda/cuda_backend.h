@@ -23,6 +23,24 @@ std::string cuda_device_name(int device);
 struct CudaWeights;
 std::shared_ptr<CudaWeights> cuda_upload(const Model& m, int device);
 uint64_t cuda_weight_bytes(const CudaWeights& w);
+int cuda_weights_device(const CudaWeights& w);
+
+// K/V blocks in device memory (kv_block.h's DeviceKV): fp32, the KVBlock layout. Copies run on
+// a stream of their own, so they overlap a forward pass running on the same GPU; the calling
+// (worker) thread waits for its copy, never the JS thread.
+int device_kv_device(const DeviceKV& d);
+uint64_t device_kv_bytes(const DeviceKV& d);
+// b with its tensors in GPU `device`'s memory (b itself when they are there already).
+std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBlock> b, int device);
+// b with its tensors in host memory (b itself when they are there already).
+std::shared_ptr<const KVBlock> cuda_block_to_host(std::shared_ptr<const KVBlock> b);
+// kv_ops.h's operations on a block in GPU memory (b.device set); results stay on that GPU.
+// Arguments are checked by the kv_ops.h functions that call these.
+std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha);
+std::shared_ptr<const KVBlock> cuda_remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved);
+std::shared_ptr<const KVBlock> cuda_slice_block(const KVBlock& b, int from, int to);
+std::shared_ptr<const KVBlock> cuda_concat_blocks(const std::vector<std::shared_ptr<const KVBlock>>& blocks, int total,
+                                                   const std::vector<double>& inv_freq, bool interleaved);
 
 // One context's device state: its own K/V cache, the injected segments' K/V, scratch buffers,
 // a stream and a cuBLAS handle. The Context (context.h) keeps the bookkeeping (tokens, n_past,
@@ -45,6 +63,8 @@ class CudaForward {
 
   // Copies cached tokens [from, to) into k and v, laid out as a KVBlock ([layer][kv_head][token][hd]).
   void export_kv(int from, int to, float* k, float* v) const;
+  // The same, into new device memory: an exported block that never leaves the GPU.
+  std::shared_ptr<const DeviceKV> export_kv_device(int from, int to) const;
 
  private:
   struct Impl;

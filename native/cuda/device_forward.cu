@@ -11,6 +11,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_kernels.cuh"
+#include "cuda/device_kv.cuh"
 #include "cuda/device_weights.cuh"
 
 namespace dki {
@@ -44,6 +45,9 @@ struct CudaForward::Impl {
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
+
+  // Own tokens [from, to) of the cache into block-layout k and v (host or device memory).
+  void copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const;
 
   float* cache_layer(const DeviceBuffer& c, int l) const { return c.get<float>() + size_t(l) * cfg.n_kv_heads * max_tokens * cfg.head_dim; }
 
@@ -137,10 +141,19 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
   for (const auto& seg : segments) {
     const KVBlock& b = *seg.block;
     if (!same) {
-      // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats.
+      // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats,
+      // from host memory or, for a block already on this GPU, device to device.
       const size_t width = size_t(b.n_tokens) * hd * f;
-      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, b.k.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
-      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, b.v.data(), width, width, heads, cudaMemcpyHostToDevice, s.stream));
+      const float *k = b.k.data(), *v = b.v.data();
+      cudaMemcpyKind kind = cudaMemcpyHostToDevice;
+      if (b.device) {
+        if (b.device->device != s.w->device)
+          throw Error("setSegments: a K/V block is on cuda:" + std::to_string(b.device->device) + ", this context on cuda:" +
+                      std::to_string(s.w->device) + "; move it with toDevice() first");
+        k = b.device->k.get<float>(), v = b.device->v.get<float>(), kind = cudaMemcpyDeviceToDevice;
+      }
+      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, k, width, width, heads, kind, s.stream));
+      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, v, width, width, heads, kind, s.stream));
     }
     for (int i = 0; i < b.n_tokens; i++) {
       bias[off + i] = seg.logit_scaling ? std::log(seg.alpha) : 0.f;
@@ -245,17 +258,23 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
   DKI_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
-void CudaForward::export_kv(int from, int to, float* k, float* v) const {
+// Rows (layer, kv_head) of the cache are max_tokens·hd floats apart; a block's are n·hd.
+void CudaForward::Impl::copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const {
+  const size_t hd = cfg.head_dim, n = size_t(to - from), heads = size_t(cfg.n_layers) * cfg.n_kv_heads, f = sizeof(float);
+  DKI_CUDA_CHECK(cudaSetDevice(w->device));
+  DKI_CUDA_CHECK(cudaMemcpy2DAsync(k, n * hd * f, k_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
+  DKI_CUDA_CHECK(cudaMemcpy2DAsync(v, n * hd * f, v_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
+  DKI_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void CudaForward::export_kv(int from, int to, float* k, float* v) const { impl_->copy_out(from, to, k, v, cudaMemcpyDeviceToHost); }
+
+std::shared_ptr<const DeviceKV> CudaForward::export_kv_device(int from, int to) const {
   const Impl& s = *impl_;
-  const ModelConfig& c = s.cfg;
   DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
-  const size_t hd = c.head_dim, n = size_t(to - from), heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
-  // Rows (layer, kv_head) of the cache are max_tokens·hd floats apart; the block's are n·hd.
-  DKI_CUDA_CHECK(cudaMemcpy2DAsync(k, n * hd * f, s.k_cache.get<float>() + from * hd, s.max_tokens * hd * f, n * hd * f, heads,
-                                   cudaMemcpyDeviceToHost, s.stream));
-  DKI_CUDA_CHECK(cudaMemcpy2DAsync(v, n * hd * f, s.v_cache.get<float>() + from * hd, s.max_tokens * hd * f, n * hd * f, heads,
-                                   cudaMemcpyDeviceToHost, s.stream));
-  DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  auto d = std::make_shared<DeviceKV>(s.w->device, size_t(s.cfg.n_layers) * s.cfg.n_kv_heads * (to - from) * s.cfg.head_dim);
+  s.copy_out(from, to, d->k.get<float>(), d->v.get<float>(), cudaMemcpyDeviceToDevice);
+  return d;
 }
 
 }  // namespace dki

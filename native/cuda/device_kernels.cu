@@ -110,6 +110,11 @@ __global__ void add_kernel(float* x, const float* y, size_t n) {
   if (i < n) x[i] += y[i];
 }
 
+__global__ void scale_kernel(float* x, float a, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+
 __global__ void to_f16_kernel(const float* x, size_t n, __half* out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = __float2half_rn(x[i]);
@@ -325,6 +330,12 @@ void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s) {
 
 void launch_add(float* x, const float* y, size_t n, cudaStream_t s) {
   add_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_scale(float* x, float a, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, a, n);
   DKI_CUDA_LAUNCHED();
 }
 

@@ -30,6 +30,7 @@ void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, flo
                      cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
 void launch_add(float* x, const float* y, size_t n, cudaStream_t s);
+void launch_scale(float* x, float a, size_t n, cudaStream_t s);
 // fp32 → F16 or BF16 (the GEMM input of a half-precision weight).
 void launch_to_half(const float* x, size_t n, DType to, void* out, cudaStream_t s);
 // Q8_0 blocks → F16 (a Q8_0 weight's GEMM operand in prefill).

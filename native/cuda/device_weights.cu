@@ -83,5 +83,6 @@ std::shared_ptr<CudaWeights> cuda_upload(const Model& m, int device) {
 }
 
 uint64_t cuda_weight_bytes(const CudaWeights& w) { return w.bytes; }
+int cuda_weights_device(const CudaWeights& w) { return w.device; }
 
 }  // namespace dki

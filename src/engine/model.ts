@@ -43,6 +43,8 @@ export interface ComputeBlockOptions {
    * keys/values are computed in the context they will be used in.
    */
   prefix?: number[];
+  /** Keep the block in GPU memory (a model loaded with device "cuda" only): it never crosses PCIe. */
+  onDevice?: boolean;
 }
 
 export interface EntropyProbe {
@@ -212,11 +214,13 @@ export class Model {
     if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
     this.checkTokens(tokens);
     if (prefix.length > 0) this.checkTokens(prefix);
+    const onDevice = opts.onDevice ?? false;
+    if (onDevice && this.info.device !== "cuda") throw new DkiArgumentError('onDevice: the model runs on the CPU; K/V blocks live on a GPU only for a model loaded with device "cuda"');
     const ctx = this.createContext(prefix.length + tokens.length);
     try {
       ctx.reset(startPos - prefix.length);
       await ctx.eval(Int32Array.from([...prefix, ...tokens]), LogitsMode.None);
-      return new KVBlock(ctx.exportBlock(prefix.length, prefix.length + tokens.length), this.nativeHandle());
+      return new KVBlock(ctx.exportBlock(prefix.length, prefix.length + tokens.length, onDevice), this.nativeHandle());
     } finally {
       ctx.dispose();
     }

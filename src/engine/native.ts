@@ -32,8 +32,8 @@ export interface NativeTensorSpec {
 }
 
 export interface NativeModelHandle {
-  /** device: where the weights live and every context of the model runs; deviceBytes: weight bytes held there. */
-  info(): { fingerprint: string; paramCount: number; weightBytes: number; device: "cpu" | "cuda"; deviceBytes: number };
+  /** device: where the weights live and every context of the model runs; deviceBytes: weight bytes held there; deviceIndex: the GPU (-1 on the CPU). */
+  info(): { fingerprint: string; paramCount: number; weightBytes: number; device: "cpu" | "cuda"; deviceBytes: number; deviceIndex: number };
   dispose(): void;
 }
 
@@ -45,7 +45,12 @@ export interface NativeKVBlockInfo {
   startPos: number;
   fingerprint: string;
   tokens: Int32Array;
+  /** Bytes of K and V in host memory (0 for a block on a GPU). */
   byteSize: number;
+  /** Bytes of K and V in GPU memory (0 for a host block). */
+  deviceBytes: number;
+  /** The GPU holding K and V, or -1 for host memory. */
+  device: number;
 }
 
 export type KVStorage = "f32" | "f16" | "bf16" | "int8";
@@ -58,6 +63,10 @@ export interface NativeKVBlockHandle {
   storageBytes(storage: KVStorage): number;
   keys(): Float32Array;
   values(): Float32Array;
+  /** The block with K and V in that GPU's memory (itself if they are there). CUDA builds only. */
+  toDevice(deviceIndex: number): Promise<NativeKVBlockHandle>;
+  /** The block with K and V in host memory (itself if they are there). */
+  toHost(): Promise<NativeKVBlockHandle>;
   dispose(): void;
 }
 
@@ -78,7 +87,8 @@ export interface NativeContextHandle {
   truncate(n: number): void;
   cancel(): void;
   setSegments(segments: NativeSegment[]): void;
-  exportBlock(from: number, to: number): NativeKVBlockHandle;
+  /** onDevice: on a GPU context, the block stays in GPU memory. */
+  exportBlock(from: number, to: number, onDevice?: boolean): NativeKVBlockHandle;
   setAttentionProbe(layer: number): void;
   attentionEntropy(): Float32Array;
   dispose(): void;

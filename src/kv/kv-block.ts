@@ -17,8 +17,12 @@ export class KVBlock {
   /** Fingerprint of the model that computed it. */
   readonly fingerprint: string;
   readonly tokens: readonly number[];
-  /** Bytes of K and V in memory (fp32). */
+  /** Bytes of K and V in host memory (fp32); 0 for a block on a GPU. */
   readonly byteSize: number;
+  /** Bytes of K and V in GPU memory (fp32); 0 for a host block. */
+  readonly deviceBytes: number;
+  /** The GPU whose memory holds K and V, or null when they are in host memory. */
+  readonly device: number | null;
 
   /** Wraps a native handle; `model` is the owner, needed by the position-dependent ops. */
   constructor(handle: NativeKVBlockHandle, private readonly model: NativeModelHandle) {
@@ -32,6 +36,8 @@ export class KVBlock {
     this.fingerprint = i.fingerprint;
     this.tokens = Array.from(i.tokens);
     this.byteSize = i.byteSize;
+    this.deviceBytes = i.deviceBytes;
+    this.device = i.device < 0 ? null : i.device;
   }
 
   /** The native handle (for injection into a context). */
@@ -86,6 +92,23 @@ export class KVBlock {
   /** Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks. */
   static async deserialize(model: NativeModelHandle, bytes: Uint8Array): Promise<KVBlock> {
     return new KVBlock(await native().deserializeBlock(model, bytes), model);
+  }
+
+  /**
+   * The block in GPU memory, on the GPU its model runs on. A device block is injected without a
+   * trip over PCIe, and scaleValues, remap, slice and concat run on the device; serialize, keys
+   * and values need toHost() first. Off the main thread. Like every op it returns a new block
+   * (sharing the tensors when they are on that GPU already), so disposing this one is safe.
+   */
+  async toDevice(): Promise<KVBlock> {
+    const { device, deviceIndex } = this.model.info();
+    if (device !== "cuda") throw new DkiArgumentError('toDevice: the model runs on the CPU; K/V blocks live on a GPU only for a model loaded with device "cuda"');
+    return this.wrap(await this.nativeHandle().toDevice(deviceIndex));
+  }
+
+  /** The block in host memory (a new block, sharing the tensors when they are there already). Off the main thread. */
+  async toHost(): Promise<KVBlock> {
+    return this.wrap(await this.nativeHandle().toHost());
   }
 
   /** Copies of K and V, [layer][kv_head][token][head_dim]. */
