@@ -64,11 +64,17 @@ for (const preset of presets) {
   }
   const start = Int32Array.from(tokens(16, 2));
   const next = tokens(DECODE, 3);
-  bench.add(`decode ${DECODE}`, async () => {
-    ctx.reset(0);
-    await ctx.eval(start, LogitsMode.Last);
-    for (const t of next) await ctx.eval(Int32Array.of(t), LogitsMode.Last);
-  });
+  const decode = (on) => async () => {
+    on.reset(0);
+    await on.eval(start, LogitsMode.Last);
+    for (const t of next) await on.eval(Int32Array.of(t), LogitsMode.Last);
+  };
+  bench.add(`decode ${DECODE}`, decode(ctx));
+  // The same steps with every kernel launched from the host: what the CUDA graphs save.
+  process.env.DKI_CUDA_GRAPHS = "0";
+  const eager = model.createContext(PREFILL[1] + DECODE + 16);
+  delete process.env.DKI_CUDA_GRAPHS;
+  bench.add(`decode ${DECODE} no graphs`, decode(eager));
 
   // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
   const memory = tokens(MEMORY, 4);
@@ -77,6 +83,12 @@ for (const preset of presets) {
   bench.add("ttft injected", async () => {
     await model.generate({ tokens: prompt }, { maxNewTokens: 1, stopOnEos: false, segments: [{ kv }] });
   });
+  // The block kept in GPU memory (the cache's L1 on CUDA): injected without a host copy.
+  const kvDevice = smoke ? null : await kv.toDevice();
+  if (kvDevice)
+    bench.add("ttft injected from GPU memory", async () => {
+      await model.generate({ tokens: prompt }, { maxNewTokens: 1, stopOnEos: false, segments: [{ kv: kvDevice }] });
+    });
   bench.add("ttft as text", async () => {
     await model.generate({ tokens: [...memory, ...prompt] }, { maxNewTokens: 1, stopOnEos: false });
   });
@@ -93,12 +105,17 @@ for (const preset of presets) {
     params: `${(model.info.paramCount / 1e9).toFixed(2)}B`,
     ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s`, (n * 1000) / ms[`prefill ${n}`]])),
     "decode tok/s": decodeTokS,
+    "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
     "HBM bound tok/s": boundTokS,
     "of bound": boundTokS ? `${((100 * decodeTokS) / boundTokS).toFixed(0)}%` : "n/a",
     "TTFT injected ms": ms["ttft injected"],
+    "TTFT injected from GPU memory ms": ms["ttft injected from GPU memory"] ?? null,
     "TTFT as text ms": ms["ttft as text"],
   };
   ctx.dispose();
+  eager.dispose();
+  kv.dispose();
+  kvDevice?.dispose();
   model.dispose();
 
   for (const attn of ["eager", "sdpa"]) {

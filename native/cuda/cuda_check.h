@@ -82,4 +82,30 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory: copies from it are true DMA, asynchronous to the host thread.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void allocate(size_t bytes, const char* what) {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    cudaError_t e = cudaMallocHost(&p_, bytes);
+    if (e != cudaSuccess) {
+      p_ = nullptr;
+      cudaGetLastError();
+      throw Error("cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory for " + what + ": " + cudaGetErrorString(e));
+    }
+  }
+  template <class T = void>
+  T* get() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
 }  // namespace dki

@@ -1,11 +1,16 @@
 // The forward pass on a GPU: the same stages as forward.cpp, in the same order, on device
 // buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once;
-// longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation.
+// longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode step is ~15 kernel
+// launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
+// (n_past, token ids, rotary angles) live in device memory that one copy refreshes per step.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
 
 #include "context.h"
 #include "cuda/cuda_backend.h"
@@ -26,8 +31,12 @@ struct CudaForward::Impl {
 
   // Own K/V, [layer][kv_head][max_tokens][hd] fp32 like the CPU cache.
   DeviceBuffer k_cache, v_cache;
+  // A chunk's inputs, packed as StepLayout says, and their page-locked host staging.
+  DeviceBuffer step;
+  PinnedBuffer step_host;
   // Scratch for one chunk of up to kMaxChunk tokens.
-  DeviceBuffer tokens, x, xn, q, k, v, attn, gate, up, cos, sin, logits, probe;
+  DeviceBuffer x, xn, q, k, v, attn, gate, up, logits, probe;
+  DeviceBuffer attn_partial;  // split-K attention state of decode steps
   DeviceBuffer x_half;   // a GEMM's input in the weight's half type
   DeviceBuffer w_f16;    // a Q8_0 weight dequantised for a GEMM
   // Injected segments, concatenated: [layer][kv_head][S_seg][hd], per-column bias and value scale.
@@ -37,14 +46,44 @@ struct CudaForward::Impl {
   // reused by other blocks: the same blocks set again (a user's memory on every turn) are not
   // uploaded again.
   std::vector<std::shared_ptr<const KVBlock>> uploaded;
-  std::vector<float> host_cos, host_sin;
+
+  // Decode steps replay a graph captured for one set of launch arguments (GraphKey); another set
+  // (new segments, another row count, the probe switched) captures again. DKI_CUDA_GRAPHS=0
+  // launches every kernel directly instead, as does a graph capture that failed once.
+  bool use_graphs = true;
+  cudaGraphExec_t graph = nullptr;
+  using GraphKey = std::tuple<int, int, int, const void*, const void*, int, const void*>;
+  GraphKey graph_key{};
 
   ~Impl() {
     if (!w) return;
     cudaSetDevice(w->device);
+    if (graph) cudaGraphExecDestroy(graph);
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
+
+  // Where a chunk of T tokens finds its inputs in `step` (and `step_host`): n_past, the token
+  // ids, then cos and sin of each token's rotary angles ([T, hd/2] each), 16-byte aligned.
+  struct StepLayout {
+    size_t tokens, cos, sin, bytes;
+  };
+  StepLayout step_layout(int T) const {
+    const auto align = [](size_t n) { return (n + 15) / 16 * 16; };
+    const size_t angles = size_t(T) * (cfg.head_dim / 2) * sizeof(float);
+    StepLayout L;
+    L.tokens = 16;
+    L.cos = align(L.tokens + size_t(T) * sizeof(int32_t));
+    L.sin = L.cos + align(angles);
+    L.bytes = L.sin + angles;
+    return L;
+  }
+
+  // Enqueues the whole forward pass of a T-token chunk whose inputs are in `step`: no host
+  // memory is touched, so the same calls can be captured into a graph.
+  void record(int T, int rows, int probe_layer, bool probe);
+  // record() captured as an instantiated graph, or null (and use_graphs off) if that failed.
+  cudaGraphExec_t capture(int T, int rows, int probe_layer, bool probe);
 
   // Own tokens [from, to) of the cache into block-layout k and v (host or device memory).
   void copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const;
@@ -96,7 +135,12 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   const size_t cache = size_t(c.n_layers) * kvd * max_tokens * f;
   s.k_cache.allocate(cache, "the context's K cache");
   s.v_cache.allocate(cache, "the context's V cache");
-  s.tokens.allocate(T * sizeof(int32_t), "token ids");
+  const Impl::StepLayout step = s.step_layout(kMaxChunk);
+  s.step.allocate(step.bytes, "a chunk's inputs");
+  s.step_host.allocate(step.bytes, "a chunk's inputs");
+  s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
+  const char* graphs = std::getenv("DKI_CUDA_GRAPHS");
+  s.use_graphs = !(graphs && std::strcmp(graphs, "0") == 0);
   s.x.allocate(T * D * f, "activations");
   s.xn.allocate(T * D * f, "activations");
   s.q.allocate(T * qd * f, "queries");
@@ -105,8 +149,6 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.attn.allocate(T * qd * f, "attention output");
   s.gate.allocate(T * F * f, "MLP activations");
   s.up.allocate(T * F * f, "MLP activations");
-  s.cos.allocate(T * (c.head_dim / 2) * f, "rotary angles");
-  s.sin.allocate(T * (c.head_dim / 2) * f, "rotary angles");
   s.probe.allocate(size_t(c.n_heads) * f, "attention probe");
   s.x_half.allocate(T * std::max({D, F, qd}) * 2, "half-precision GEMM input");
   if (s.w->max_q8_elements) s.w_f16.allocate(s.w->max_q8_elements * 2, "a dequantised Q8_0 matrix");
@@ -168,93 +210,143 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
   for (const auto& seg : segments) s.uploaded.push_back(seg.block);
 }
 
-void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0, int rows, float* logits, int probe_layer, float* probe) {
-  Impl& s = *impl_;
-  const ModelConfig& c = s.cfg;
-  const CudaWeights& w = *s.w;
-  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, half = hd / 2;
+void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe) {
+  const ModelConfig& c = cfg;
+  const CudaWeights& W = *w;
+  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
-  cudaStream_t st = s.stream;
-  DKI_CUDA_CHECK(cudaSetDevice(w.device));
+  cudaStream_t st = stream;
+  const StepLayout in = step_layout(T);
+  const char* step_p = step.get<char>();
+  const int* n_past = reinterpret_cast<const int*>(step_p);
+  const int32_t* tok = reinterpret_cast<const int32_t*>(step_p + in.tokens);
+  const float* cos = reinterpret_cast<const float*>(step_p + in.cos);
+  const float* sin = reinterpret_cast<const float*>(step_p + in.sin);
 
-  // Angles in double on the host, exactly as the CPU backend computes them.
-  s.host_cos.resize(size_t(T) * half);
-  s.host_sin.resize(size_t(T) * half);
-  for (int t = 0; t < T; t++)
-    for (int i = 0; i < half; i++) {
-      const double a = double(pos0 + t) * s.inv_freq[i];
-      s.host_cos[size_t(t) * half + i] = float(std::cos(a));
-      s.host_sin[size_t(t) * half + i] = float(std::sin(a));
-    }
-  DKI_CUDA_CHECK(cudaMemcpyAsync(s.cos.get(), s.host_cos.data(), s.host_cos.size() * sizeof(float), cudaMemcpyHostToDevice, st));
-  DKI_CUDA_CHECK(cudaMemcpyAsync(s.sin.get(), s.host_sin.data(), s.host_sin.size() * sizeof(float), cudaMemcpyHostToDevice, st));
-  DKI_CUDA_CHECK(cudaMemcpyAsync(s.tokens.get(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-
-  float *x = s.x.get<float>(), *xn = s.xn.get<float>(), *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
-  float *attn = s.attn.get<float>(), *gate = s.gate.get<float>(), *up = s.up.get<float>();
-  launch_embed(w.embed, s.tokens.get<int32_t>(), T, x, st);
+  float *x_ = x.get<float>(), *xn_ = xn.get<float>(), *q_ = q.get<float>(), *k_ = k.get<float>(), *v_ = v.get<float>();
+  float *attn_ = attn.get<float>(), *gate_ = gate.get<float>(), *up_ = up.get<float>();
+  launch_embed(W.embed, tok, T, x_, st);
 
   AttentionArgs a;
-  a.q = q;
-  a.out = attn;
-  a.seg_k = s.seg_k.get<float>();
-  a.seg_v = s.seg_v.get<float>();
-  a.seg_bias = s.seg_bias.get<float>();
-  a.seg_vscale = s.seg_vscale.get<float>();
-  a.S_seg = s.S_seg;
-  a.max_tokens = s.max_tokens;
+  a.q = q_;
+  a.out = attn_;
+  a.seg_bias = seg_bias.get<float>();
+  a.seg_vscale = seg_vscale.get<float>();
+  a.S_seg = S_seg;
+  a.max_tokens = max_tokens;
   a.n_past = n_past;
   a.T = T, a.H = c.n_heads, a.Hkv = c.n_kv_heads, a.hd = hd;
   a.scale = 1.f / std::sqrt(float(hd));
+  if (T <= kGemvMaxTokens) a.splits = kDecodeSplits, a.partial = attn_partial.get<float>();
 
   for (int l = 0; l < c.n_layers; l++) {
-    const CudaWeights::Layer& L = w.layers[l];
+    const CudaWeights::Layer& L = W.layers[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
-    launch_rmsnorm(x, L.attn_norm, c.rms_norm_eps, T, D, xn, st);
-    s.linear(L.wq, xn, T, q);
-    s.linear(L.wk, xn, T, k);
-    s.linear(L.wv, xn, T, v);
+    launch_rmsnorm(x_, L.attn_norm, c.rms_norm_eps, T, D, xn_, st);
+    linear(L.wq, xn_, T, q_);
+    linear(L.wk, xn_, T, k_);
+    linear(L.wv, xn_, T, v_);
     if (L.bq) {
-      launch_add_bias(q, L.bq, T, qd, st);
-      launch_add_bias(k, L.bk, T, kvd, st);
-      launch_add_bias(v, L.bv, T, kvd, st);
+      launch_add_bias(q_, L.bq, T, qd, st);
+      launch_add_bias(k_, L.bk, T, kvd, st);
+      launch_add_bias(v_, L.bv, T, kvd, st);
     }
-    launch_rope(q, T, c.n_heads, hd, s.cos.get<float>(), s.sin.get<float>(), c.rope_interleaved, st);
-    launch_rope(k, T, c.n_kv_heads, hd, s.cos.get<float>(), s.sin.get<float>(), c.rope_interleaved, st);
-    float* kc = s.cache_layer(s.k_cache, l);
-    float* vc = s.cache_layer(s.v_cache, l);
-    launch_store_kv(k, v, T, c.n_kv_heads, hd, kc, vc, s.max_tokens, n_past, st);
+    launch_rope(q_, T, c.n_heads, hd, cos, sin, c.rope_interleaved, st);
+    launch_rope(k_, T, c.n_kv_heads, hd, cos, sin, c.rope_interleaved, st);
+    float* kc = cache_layer(k_cache, l);
+    float* vc = cache_layer(v_cache, l);
+    launch_store_kv(k_, v_, T, c.n_kv_heads, hd, kc, vc, max_tokens, n_past, st);
     a.k_cache = kc;
     a.v_cache = vc;
-    if (s.S_seg) {
-      const size_t seg_layer = size_t(l) * c.n_kv_heads * s.S_seg * hd;
-      a.seg_k = s.seg_k.get<float>() + seg_layer;
-      a.seg_v = s.seg_v.get<float>() + seg_layer;
+    if (S_seg) {
+      const size_t seg_layer = size_t(l) * c.n_kv_heads * S_seg * hd;
+      a.seg_k = seg_k.get<float>() + seg_layer;
+      a.seg_v = seg_v.get<float>() + seg_layer;
     }
-    a.entropy = l == probe_layer && probe ? s.probe.get<float>() : nullptr;
+    a.entropy = l == probe_layer && want_probe ? probe.get<float>() : nullptr;
     launch_attention(a, st);
-    s.linear(L.wo, attn, T, xn);
-    launch_add(x, xn, size_t(T) * D, st);
+    linear(L.wo, attn_, T, xn_);
+    launch_add(x_, xn_, size_t(T) * D, st);
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
-    launch_rmsnorm(x, L.ffn_norm, c.rms_norm_eps, T, D, xn, st);
-    s.linear(L.w_gate, xn, T, gate);
-    s.linear(L.w_up, xn, T, up);
-    launch_swiglu(gate, up, size_t(T) * F, st);
-    s.linear(L.w_down, gate, T, xn);
-    launch_add(x, xn, size_t(T) * D, st);
+    launch_rmsnorm(x_, L.ffn_norm, c.rms_norm_eps, T, D, xn_, st);
+    linear(L.w_gate, xn_, T, gate_);
+    linear(L.w_up, xn_, T, up_);
+    launch_swiglu(gate_, up_, size_t(T) * F, st);
+    linear(L.w_down, gate_, T, xn_);
+    launch_add(x_, xn_, size_t(T) * D, st);
   }
 
   if (rows > 0) {
-    const size_t V = c.vocab_size;
-    if (s.logits.bytes() < rows * V * sizeof(float)) s.logits.allocate(rows * V * sizeof(float), "logits");
     const int first = T - rows;
-    launch_rmsnorm(x + size_t(first) * D, w.final_norm, c.rms_norm_eps, rows, D, xn, st);
-    s.linear(w.lm_head, xn, rows, s.logits.get<float>());
-    DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+    launch_rmsnorm(x_ + size_t(first) * D, W.final_norm, c.rms_norm_eps, rows, D, xn_, st);
+    linear(W.lm_head, xn_, rows, logits.get<float>());
   }
-  if (probe && probe_layer >= 0)
-    DKI_CUDA_CHECK(cudaMemcpyAsync(probe, s.probe.get(), size_t(c.n_heads) * sizeof(float), cudaMemcpyDeviceToHost, st));
+}
+
+cudaGraphExec_t CudaForward::Impl::capture(int T, int rows, int probe_layer, bool want_probe) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    try {
+      record(T, rows, probe_layer, want_probe);
+    } catch (const Error&) {
+      ok = false;
+    }
+    // Ends the capture whatever happened inside it.
+    ok = cudaStreamEndCapture(stream, &g) == cudaSuccess && ok;
+  }
+  ok = ok && cudaGraphInstantiate(&exec, g, 0) == cudaSuccess;
+  if (g) cudaGraphDestroy(g);
+  if (ok) return exec;
+  cudaGetLastError();
+  use_graphs = false;
+  return nullptr;
+}
+
+void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0, int rows, float* logits, int probe_layer, float* probe) {
+  Impl& s = *impl_;
+  const ModelConfig& c = s.cfg;
+  const int half = c.head_dim / 2;
+  const size_t V = c.vocab_size;
+  cudaStream_t st = s.stream;
+  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+
+  // The chunk's inputs, staged in pinned memory and sent in one copy. Angles in double, exactly
+  // as the CPU backend computes them. The previous chunk's copy has finished: every eval_chunk
+  // ends with a stream synchronisation.
+  const Impl::StepLayout in = s.step_layout(T);
+  char* h = s.step_host.get<char>();
+  std::memcpy(h, &n_past, sizeof n_past);
+  std::memcpy(h + in.tokens, tokens, size_t(T) * sizeof(int32_t));
+  float* cos = reinterpret_cast<float*>(h + in.cos);
+  float* sin = reinterpret_cast<float*>(h + in.sin);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      const double a = double(pos0 + t) * s.inv_freq[i];
+      cos[size_t(t) * half + i] = float(std::cos(a));
+      sin[size_t(t) * half + i] = float(std::sin(a));
+    }
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.step.get(), h, in.bytes, cudaMemcpyHostToDevice, st));
+  if (rows > 0 && s.logits.bytes() < rows * V * sizeof(float)) s.logits.allocate(rows * V * sizeof(float), "logits");
+  const bool want_probe = probe && probe_layer >= 0;
+
+  if (T > kGemvMaxTokens || !s.use_graphs) {
+    s.record(T, rows, probe_layer, want_probe);
+  } else {
+    const Impl::GraphKey key{T, rows, s.S_seg, s.seg_k.get(), s.seg_bias.get(), want_probe ? probe_layer : -1, s.logits.get()};
+    if (!s.graph || key != s.graph_key) {
+      if (s.graph) cudaGraphExecDestroy(s.graph);
+      s.graph = s.capture(T, rows, probe_layer, want_probe);
+      s.graph_key = key;
+    }
+    if (s.graph) DKI_CUDA_CHECK(cudaGraphLaunch(s.graph, st));
+    else s.record(T, rows, probe_layer, want_probe);  // the capture failed: graphs are off from now on
+  }
+
+  if (rows > 0) DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+  if (want_probe) DKI_CUDA_CHECK(cudaMemcpyAsync(probe, s.probe.get(), size_t(c.n_heads) * sizeof(float), cudaMemcpyDeviceToHost, st));
   DKI_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 

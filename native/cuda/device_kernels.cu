@@ -87,9 +87,10 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
   v[b] = xb * c + xa * s;
 }
 
-__global__ void store_kv_kernel(const float* k, const float* v, int T, int Hkv, int hd, float* kc, float* vc, int max_tokens, int n_past) {
+__global__ void store_kv_kernel(const float* k, const float* v, int T, int Hkv, int hd, float* kc, float* vc, int max_tokens, const int* n_past_p) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(T) * Hkv * hd) return;
+  const int n_past = *n_past_p;
   const int d = int(i % hd);
   const int h = int((i / hd) % Hkv);
   const int t = int(i / (size_t(hd) * Hkv));
@@ -213,11 +214,12 @@ __global__ void gemv_any_kernel(const void* W, DType dt, int rows, int cols, con
 constexpr int kAttnWarps = 8;
 constexpr int kPerLane = kMaxHeadDim / 32;
 
-// Block (t, h): each warp walks every kAttnWarps-th column keeping an online softmax (running
-// max m, Σ e^{s−m} and Σ e^{s−m}·s for the entropy) and its weighted value sum; the warps then
-// merge. Lane i holds head dimensions i, i + 32, ...
+// Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range keeping an
+// online softmax (running max m, Σ e^{s−m} and Σ e^{s−m}·s for the entropy) and its weighted
+// value sum; the warps then merge. Lane i holds head dimensions i, i + 32, ... With one split
+// the block writes the output row; with more it writes its partial state for the combine kernel.
 __global__ void attention_kernel(AttentionArgs a) {
-  const int t = blockIdx.x, h = blockIdx.y, kvh = h / (a.H / a.Hkv);
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, kvh = h / (a.H / a.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hd = a.hd;
 
@@ -230,9 +232,11 @@ __global__ void attention_kernel(AttentionArgs a) {
     acc[i] = 0.f;
   }
 
+  const int S = a.S_seg + *a.n_past + t + 1;  // causal: own tokens up to and including t
+  const int per = (S + a.splits - 1) / a.splits;
+  const int j_end = min(S, (split + 1) * per);
   float m = -INFINITY, l = 0.f, es = 0.f;
-  const int S = a.S_seg + a.n_past + t + 1;  // causal: own tokens up to and including t
-  for (int j = warp; j < S; j += kAttnWarps) {
+  for (int j = split * per + warp; j < j_end; j += kAttnWarps) {
     const float *kr, *vr;
     float bias = 0.f, vscale = 1.f;
     if (j < a.S_seg) {
@@ -276,6 +280,7 @@ __global__ void attention_kernel(AttentionArgs a) {
   }
   __syncthreads();
 
+  // The block's state over all its columns: M = −∞ (and L = 0) when its range is empty.
   float M = -INFINITY;
   for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, sm_m[w]);
   float L = 0.f, ES = 0.f;
@@ -284,14 +289,53 @@ __global__ void attention_kernel(AttentionArgs a) {
     L += sm_l[w] * f;
     ES += sm_es[w] * f;
   }
-  float* op = a.out + (size_t(t) * a.H + h) * hd;
+  const size_t row = size_t(t) * a.H + h;
+  if (a.splits == 1) {
+    float* op = a.out + row * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.f;
+      for (int w = 0; w < kAttnWarps; w++)
+        if (sm_m[w] != -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
+      op[d] = o / L;
+    }
+    // H = −Σ p·ln p with p = e^{s−M}/L  =  M + ln L − (Σ e^{s−M}·s)/L
+    if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = M + logf(L) - ES / L;
+    return;
+  }
+  float* rec = a.partial + (row * a.splits + split) * (hd + 3);
+  if (threadIdx.x == 0) rec[0] = M, rec[1] = L, rec[2] = ES;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.f;
     for (int w = 0; w < kAttnWarps; w++)
       if (sm_m[w] != -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
+    rec[3 + d] = o;
+  }
+}
+
+// Block (t, h): merges the splits' partial states (max M_z, Σ e^{s−M_z}, Σ e^{s−M_z}·s, Σ e^{s−M_z}·v)
+// into the output row, as the warps of one block are merged above.
+__global__ void attention_combine_kernel(AttentionArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const size_t row = size_t(t) * a.H + h;
+  const float* recs = a.partial + row * a.splits * (hd + 3);
+  float M = -INFINITY;
+  for (int z = 0; z < a.splits; z++) M = fmaxf(M, recs[z * (hd + 3)]);
+  float L = 0.f, ES = 0.f;
+  for (int z = 0; z < a.splits; z++) {
+    const float* r = recs + z * (hd + 3);
+    const float f = r[0] == -INFINITY ? 0.f : expf(r[0] - M);
+    L += r[1] * f;
+    ES += r[2] * f;
+  }
+  float* op = a.out + row * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int z = 0; z < a.splits; z++) {
+      const float* r = recs + z * (hd + 3);
+      if (r[0] != -INFINITY) o += r[3 + d] * expf(r[0] - M);
+    }
     op[d] = o / L;
   }
-  // H = −Σ p·ln p with p = e^{s−M}/L  =  M + ln L − (Σ e^{s−M}·s)/L
   if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = M + logf(L) - ES / L;
 }
 
@@ -317,7 +361,7 @@ void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const f
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens, int n_past,
+void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens, const int* n_past,
                      cudaStream_t s) {
   store_kv_kernel<<<blocks_for(size_t(T) * Hkv * hd), kThreads, 0, s>>>(k, v, T, Hkv, hd, k_cache, v_cache, max_tokens, n_past);
   DKI_CUDA_LAUNCHED();
@@ -368,7 +412,11 @@ void launch_gemv(const DeviceMatrix& W, const float* x, int T, float* y, cudaStr
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
-  attention_kernel<<<dim3(a.T, a.H), kAttnWarps * 32, 0, s>>>(a);
+  if (a.splits < 1 || (a.splits > 1 && !a.partial)) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  attention_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
+  DKI_CUDA_LAUNCHED();
+  if (a.splits == 1) return;
+  attention_combine_kernel<<<dim3(a.T, a.H), 128, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
 }
 

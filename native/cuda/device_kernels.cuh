@@ -26,8 +26,9 @@ void launch_add_bias(float* y, const float* b, int T, int n, cudaStream_t s);
 // cos/sin: [T, hd/2], the angles of each token's position.
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s);
 // k, v [T, Hkv, hd] → one layer's cache [Hkv, max_tokens, hd] at rows n_past..n_past+T-1.
-void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens, int n_past,
-                     cudaStream_t s);
+// n_past is read from device memory, so a captured CUDA graph replays with each step's value.
+void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens,
+                     const int* n_past, cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
 void launch_add(float* x, const float* y, size_t n, cudaStream_t s);
 void launch_scale(float* x, float a, size_t n, cudaStream_t s);
@@ -51,13 +52,21 @@ struct AttentionArgs {
   int S_seg = 0;
   const float* k_cache = nullptr;  // this layer's [Hkv, max_tokens, hd]
   const float* v_cache = nullptr;
-  int max_tokens = 0, n_past = 0;
+  int max_tokens = 0;
+  const int* n_past = nullptr;  // in device memory (see launch_store_kv)
   int T = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.f;
   float* entropy = nullptr;  // [H]: attention entropy of the last query, or null
+  // Split-K: each (query, head) row's columns are cut into `splits` ranges, one block each, whose
+  // partial softmax states go to `partial` ([T, H, splits, hd + 3] floats) and are then merged.
+  // Decode has one query per head: without the split only H blocks would stream the whole cache.
+  int splits = 1;
+  float* partial = nullptr;
 };
 // hd ≤ kMaxHeadDim.
 constexpr int kMaxHeadDim = 256;
+// The split-K factor of decode steps (T ≤ kGemvMaxTokens); prefill has T·H blocks already.
+constexpr int kDecodeSplits = 16;
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace dki
