@@ -255,6 +255,7 @@ describe("invalidate and arguments", () => {
 
   test("bad arguments get clear errors", async () => {
     await expect(TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l2Bytes: -1 } })).rejects.toThrow(/budgets.l2Bytes/);
+    await expect(TieredKVCache.open({ model, dir: tempDir(), budgets: big, l1OnDevice: true })).rejects.toThrow(/l1OnDevice needs a model loaded with device "cuda"/);
     const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
     await expect(cache.get({ userId: "", tokens: [1] })).rejects.toThrow(DkiArgumentError);
     await expect(cache.get({ userId: "u", tokens: [] })).rejects.toThrow(/tokens is empty/);

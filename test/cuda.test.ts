@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model, type InjectionOptions } from "../src/engine/model.js";
 import { LogitsMode, native } from "../src/engine/native.js";
+import { TieredKVCache } from "../src/cache/index.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
 import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
@@ -161,7 +162,8 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(dev.byteSize).toBe(0);
       expect(dev.deviceBytes).toBe(host.byteSize);
       expect(() => dev.keys()).toThrow(/lives only in GPU memory; copy it back with toHost\(\) first/);
-      await expect(dev.serialize("int8")).rejects.toThrow(/serialize: this K\/V block lives only in GPU memory/);
+      // serialize copies a device block back for itself: the same bytes as from the host block.
+      expect(await dev.serialize("int8")).toEqual(await host.serialize("int8"));
       const back = await dev.toHost();
       expect(back.device).toBeNull();
       expect(back.keys()).toEqual(host.keys());
@@ -208,6 +210,37 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       const hostParts = [await host.slice(0, 5), await (await host.slice(5, 12)).remap(100)];
       await same(await KVBlock.concat(parts), await KVBlock.concat(hostParts), 1e-5);
       await expect(KVBlock.concat([parts[0], hostParts[1]])).rejects.toThrow(/all in host memory or all on the same GPU/);
+    });
+
+    test("the tiered cache holds L1 in GPU memory: computed, demoted and restored blocks", async () => {
+      const dir = tempDir();
+      const one = (await m.computeBlock(memory)).byteSize;
+      // Room in L1 for one block: the second get demotes the first through the host to L2.
+      const budgets = { l1Bytes: one, l2Bytes: 1 << 24, l3Bytes: 1 << 24 };
+      const reqA = { userId: "u", tokens: memory };
+      const reqB = { userId: "u", tokens: memory.slice().reverse() };
+      const cache = await TieredKVCache.open({ model: m, dir, budgets });
+      const a = await cache.get(reqA);
+      expect({ tier: a.tier, device: a.block.device }).toEqual({ tier: "L4", device: 0 });
+      await cache.flush();
+      expect(cache.stats().L1.bytes).toBe(a.block.deviceBytes);
+      await cache.get(reqB);
+      await cache.flush();
+      expect(cache.locate(a.key)[0]).toBe("L2");
+      const fromL2 = await cache.get(reqA);
+      expect({ tier: fromL2.tier, device: fromL2.block.device }).toEqual({ tier: "L2", device: 0 });
+      const exact = await m.computeBlock(memory);
+      const l2Back = await fromL2.block.toHost();
+      expect(maxAbsDiff(l2Back.values(), exact.values())).toBeLessThan(1e-2); // fp16 in L2
+      await cache.close();
+
+      // After a restart the block comes from the int8 file in L3 and goes straight to the GPU.
+      const again = await TieredKVCache.open({ model: m, dir, budgets });
+      const fromL3 = await again.get(reqA);
+      expect({ tier: fromL3.tier, device: fromL3.block.device }).toEqual({ tier: "L3", device: 0 });
+      const l3Back = await fromL3.block.toHost();
+      expect(maxAbsDiff(l3Back.keys(), exact.keys())).toBeLessThan(5e-2);
+      await again.close();
     });
   });
 

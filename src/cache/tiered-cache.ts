@@ -1,7 +1,7 @@
 // The tiered K/V cache: memory blocks are expensive to compute and cheap to reuse, so keep them
 // at four levels of cost.
 //
-//   L1  live KVBlocks in the compute dtype (fp32 on the CPU backend)     costed by block.byteSize
+//   L1  live fp32 KVBlocks, in GPU memory on CUDA (l1OnDevice)           costed by their bytes
 //   L2  serialised fp16/bf16 Buffers in host RAM                          costed by buffer length
 //   L3  int8 files in a folder, surviving restarts (tiers/l3-files.ts)    costed by file size
 //   L4  nothing: recompute with the model
@@ -25,8 +25,11 @@
 // buffers go back to the engine's pool for the next restore. Blocks never released, and blocks
 // given to put(), are left to the garbage collector (blocks report their size to V8).
 //
-// Conversions (serialise, quantise, dequantise) run on libuv worker threads and file I/O is
-// asynchronous, so the event loop is never blocked by cache work.
+// Conversions (serialise, quantise, dequantise, host↔GPU copies) run on libuv worker threads and
+// file I/O is asynchronous, so the event loop is never blocked by cache work. With l1OnDevice,
+// blocks restored from L2/L3 or computed are moved to the GPU before they enter L1 (and are
+// handed out from there), and copied back to the host only to be serialised on their way down.
+// A block put() by a caller stays where the caller made it.
 import { performance } from "node:perf_hooks";
 import type { ComputeBlockOptions } from "../engine/model.js";
 import type { NativeModelHandle } from "../engine/native.js";
@@ -55,7 +58,7 @@ export interface BlockRequest {
 
 /** What the cache needs from a model; `Model` has it. */
 export interface CacheModel {
-  readonly info: { readonly fingerprint: string };
+  readonly info: { readonly fingerprint: string; readonly device?: "cpu" | "cuda" };
   nativeHandle(): NativeModelHandle;
   computeBlock(tokens: number[], opts: ComputeBlockOptions): Promise<KVBlock>;
 }
@@ -77,6 +80,8 @@ export interface TieredKVCacheOptions {
   writeBehind?: boolean;
   /** Accesses (gets and puts) after which an entry's use count has halved in the eviction score (default 64). */
   recencyHalfLife?: number;
+  /** L1 blocks live in GPU memory, and l1Bytes budgets that memory (default: true when the model runs on CUDA). */
+  l1OnDevice?: boolean;
 }
 
 export interface CacheHit {
@@ -182,6 +187,7 @@ export class TieredKVCache {
     l2Storage: L2Storage,
     writeBehind: boolean,
     halfLife: number,
+    private readonly l1OnDevice: boolean,
   ) {
     this.l1 = new L1Blocks(budgets.l1Bytes);
     this.l2 = new L2Buffers(budgets.l2Bytes, l2Storage);
@@ -202,8 +208,11 @@ export class TieredKVCache {
     if (l2Storage !== "f16" && l2Storage !== "bf16") throw new DkiArgumentError(`l2Storage must be "f16" or "bf16", got ${JSON.stringify(l2Storage)}`);
     const halfLife = opts.recencyHalfLife ?? 64;
     if (!(halfLife > 0) || !Number.isFinite(halfLife)) throw new DkiArgumentError(`recencyHalfLife must be a positive number, got ${halfLife}`);
+    const onCuda = model.info.device === "cuda";
+    const l1OnDevice = opts.l1OnDevice ?? onCuda;
+    if (l1OnDevice && !onCuda) throw new DkiArgumentError('l1OnDevice needs a model loaded with device "cuda"; this one runs on the CPU');
     const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
-    return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife);
+    return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice);
   }
 
   /** The key a request maps to (validates the request). */
@@ -373,21 +382,23 @@ export class TieredKVCache {
       // L2, or on its way from L2 to L3.
       const e2 = this.l2.get(r.key) ?? this.leavingL2.get(r.key);
       if (e2) {
-        const block = await this.verified(r, () => this.l2.decode(this.model.nativeHandle(), e2.value));
+        const restored = await this.verified(r, () => this.l2.decode(this.model.nativeHandle(), e2.value));
         if (this.l2.get(r.key) === e2) this.l2.remove(r.key);
         if (this.leavingL2.get(r.key) === e2) this.leavingL2.delete(r.key);
-        if (block) {
-          if (!ctl.cancelled) this.admitL1({ ...e2, bytes: block.byteSize, usage, value: block });
+        if (restored) {
+          const block = await this.inL1Form(restored);
+          if (!ctl.cancelled) this.admitL1({ ...e2, bytes: L1Blocks.cost(block), usage, value: block });
           return this.served("L2", block, r.key, t0);
         }
       }
       this.misses.L2++;
 
       if (this.l3.isReady(r.key)) {
-        const block = await this.readL3(r);
-        if (block) {
+        const restored = await this.readL3(r);
+        if (restored) {
+          const block = await this.inL1Form(restored);
           this.l3.touch(r.key, now);
-          if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: block.byteSize, usage, value: block });
+          if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: L1Blocks.cost(block), usage, value: block });
           return this.served("L3", block, r.key, t0);
         }
       }
@@ -395,7 +406,7 @@ export class TieredKVCache {
 
       let block: KVBlock;
       try {
-        block = await this.model.computeBlock(r.tokens, { startPos: r.startPos, prefix: r.prefix });
+        block = await this.model.computeBlock(r.tokens, { startPos: r.startPos, prefix: r.prefix, onDevice: this.l1OnDevice });
       } catch (e) {
         this.misses.L4++;
         throw e;
@@ -404,6 +415,22 @@ export class TieredKVCache {
       return this.served("L4", block, r.key, t0);
     } finally {
       this.loads.delete(ctl);
+    }
+  }
+
+  /**
+   * A restored (host) block as L1 holds it: moved to the GPU with l1OnDevice. A GPU out of memory
+   * is no loss: the host block serves (and is counted at its host bytes), and the error is noted.
+   */
+  private async inL1Form(block: KVBlock): Promise<KVBlock> {
+    if (!this.l1OnDevice) return block;
+    try {
+      const onDevice = await block.toDevice();
+      block.dispose();
+      return onDevice;
+    } catch (e) {
+      this.noteError(e);
+      return block;
     }
   }
 

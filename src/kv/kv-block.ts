@@ -84,9 +84,15 @@ export class KVBlock {
     return this.nativeHandle().storageBytes(storage);
   }
 
-  /** Versioned binary with header, model fingerprint, token ids and checksum. */
-  serialize(storage: KVStorage = "f32"): Promise<Buffer> {
-    return this.nativeHandle().serialize(storage);
+  /** Versioned binary with header, model fingerprint, token ids and checksum. A block on a GPU is copied to the host for it first. */
+  async serialize(storage: KVStorage = "f32"): Promise<Buffer> {
+    if (this.device === null) return this.nativeHandle().serialize(storage);
+    const host = await this.toHost();
+    try {
+      return await host.nativeHandle().serialize(storage);
+    } finally {
+      host.dispose();
+    }
   }
 
   /** Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks. */
@@ -96,8 +102,8 @@ export class KVBlock {
 
   /**
    * The block in GPU memory, on the GPU its model runs on. A device block is injected without a
-   * trip over PCIe, and scaleValues, remap, slice and concat run on the device; serialize, keys
-   * and values need toHost() first. Off the main thread. Like every op it returns a new block
+   * trip over PCIe, and scaleValues, remap, slice and concat run on the device; keys() and
+   * values() need toHost() first. Off the main thread. Like every op it returns a new block
    * (sharing the tensors when they are on that GPU already), so disposing this one is safe.
    */
   async toDevice(): Promise<KVBlock> {
