@@ -210,52 +210,50 @@ __global__ void gemv_any_kernel(const void* W, DType dt, int rows, int cols, con
 }
 
 // --- Attention ----------------------------------------------------------------------------
+//
+// Two kernels over the same columns [segments ; own tokens], both built from OnlineSoftmax:
+//  - prefill (T > kGemvMaxTokens): flash-style tiling. A block takes kQueryTile queries of one
+//    head and walks the columns in tiles of kColTile that all its warps read from shared memory,
+//    so each K/V row leaves global memory once per query tile instead of once per query.
+//  - decode (a few queries): split-K. A block takes one (query, head) and one of `splits` column
+//    ranges, so the whole GPU streams the cache; a second kernel merges the partial states.
 
 constexpr int kAttnWarps = 8;
 constexpr int kPerLane = kMaxHeadDim / 32;
+constexpr int kQueryTile = 32;                          // queries per prefill block
+constexpr int kQueriesPerWarp = kQueryTile / kAttnWarps;
+constexpr int kColTile = 16;                            // columns per shared-memory tile
 
-// Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range keeping an
-// online softmax (running max m, Σ e^{s−m} and Σ e^{s−m}·s for the entropy) and its weighted
-// value sum; the warps then merge. Lane i holds head dimensions i, i + 32, ... With one split
-// the block writes the output row; with more it writes its partial state for the combine kernel.
-__global__ void attention_kernel(AttentionArgs a) {
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, kvh = h / (a.H / a.Hkv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hd = a.hd;
-
-  float q[kPerLane], acc[kPerLane];
-  const float* qp = a.q + (size_t(t) * a.H + h) * hd;
-#pragma unroll
-  for (int i = 0; i < kPerLane; i++) {
-    const int d = lane + 32 * i;
-    q[i] = d < hd ? qp[d] : 0.f;
-    acc[i] = 0.f;
+// Column j of head kvh: its key and value rows, score bias and value scale.
+struct Column {
+  const float *k, *v;
+  float bias, vscale;
+};
+__device__ __forceinline__ Column column(const AttentionArgs& a, int kvh, int j) {
+  if (j < a.S_seg) {
+    const size_t r = size_t(kvh) * a.S_seg + j;
+    return {a.seg_k + r * a.hd, a.seg_v + r * a.hd, a.seg_bias[j], a.seg_vscale[j]};
   }
+  const size_t r = size_t(kvh) * a.max_tokens + (j - a.S_seg);
+  return {a.k_cache + r * a.hd, a.v_cache + r * a.hd, 0.f, 1.f};
+}
 
-  const int S = a.S_seg + *a.n_past + t + 1;  // causal: own tokens up to and including t
-  const int per = (S + a.splits - 1) / a.splits;
-  const int j_end = min(S, (split + 1) * per);
+// One query's softmax over columns seen one at a time, held by a warp: running max m, Σ e^{s−m},
+// Σ e^{s−m}·s (for the entropy) and Σ e^{s−m}·α·v. Lane i holds head dimensions i, i + 32, ...
+struct OnlineSoftmax {
   float m = -INFINITY, l = 0.f, es = 0.f;
-  for (int j = split * per + warp; j < j_end; j += kAttnWarps) {
-    const float *kr, *vr;
-    float bias = 0.f, vscale = 1.f;
-    if (j < a.S_seg) {
-      kr = a.seg_k + (size_t(kvh) * a.S_seg + j) * hd;
-      vr = a.seg_v + (size_t(kvh) * a.S_seg + j) * hd;
-      bias = a.seg_bias[j];
-      vscale = a.seg_vscale[j];
-    } else {
-      const size_t row = size_t(kvh) * a.max_tokens + (j - a.S_seg);
-      kr = a.k_cache + row * hd;
-      vr = a.v_cache + row * hd;
-    }
+  float acc[kPerLane] = {};
+
+  // k and v may be in global or shared memory.
+  __device__ __forceinline__ void add(const float (&q)[kPerLane], const float* k, const float* v, float bias, float vscale, float scale,
+                                      int hd, int lane) {
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) {
       const int d = lane + 32 * i;
-      if (d < hd) dot += q[i] * kr[d];
+      if (d < hd) dot += q[i] * k[d];
     }
-    const float s = warp_sum(dot) * a.scale + bias;
+    const float s = warp_sum(dot) * scale + bias;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new);  // 0 on the first column (m = −∞)
     const float p = expf(s - m_new);
@@ -265,18 +263,104 @@ __global__ void attention_kernel(AttentionArgs a) {
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) {
       const int d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < hd ? pv * vr[d] : 0.f);
+      acc[i] = acc[i] * corr + (d < hd ? pv * v[d] : 0.f);
     }
     m = m_new;
+  }
+};
+
+__device__ __forceinline__ void load_query(const AttentionArgs& a, int t, int h, int lane, float (&q)[kPerLane]) {
+  const float* qp = a.q + (size_t(t) * a.H + h) * a.hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    const int d = lane + 32 * i;
+    q[i] = d < a.hd ? qp[d] : 0.f;
+  }
+}
+
+// H = −Σ p·ln p with p = e^{s−M}/L  =  M + ln L − (Σ e^{s−M}·s)/L
+__device__ __forceinline__ float entropy_of(float M, float L, float ES) { return M + logf(L) - ES / L; }
+
+// Block (query tile, h). Warp w owns queries tile·kQueryTile + w + kAttnWarps·i, so a warp's
+// queries spread over the tile and the causal work stays balanced between warps.
+__global__ void attention_prefill_kernel(AttentionArgs a) {
+  const int h = blockIdx.y, kvh = h / (a.H / a.Hkv), hd = a.hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t0 = blockIdx.x * kQueryTile;
+  const int t_last = min(a.T, t0 + kQueryTile) - 1;
+  const int base = a.S_seg + *a.n_past;  // query t sees columns [0, base + t]
+
+  __shared__ float sk[kColTile][kMaxHeadDim], sv[kColTile][kMaxHeadDim];
+  __shared__ float s_bias[kColTile], s_vscale[kColTile];
+
+  float q[kQueriesPerWarp][kPerLane];
+  OnlineSoftmax st[kQueriesPerWarp];
+#pragma unroll
+  for (int i = 0; i < kQueriesPerWarp; i++) {
+    const int t = t0 + warp + kAttnWarps * i;
+    if (t < a.T) load_query(a, t, h, lane, q[i]);
+  }
+
+  const int S = base + t_last + 1;  // the columns the tile's last query sees
+  for (int c0 = 0; c0 < S; c0 += kColTile) {
+    const int n = min(kColTile, S - c0);
+    __syncthreads();  // the previous tile has been read by every warp
+    for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
+      const int j = e / hd, d = e % hd;
+      const Column col = column(a, kvh, c0 + j);
+      sk[j][d] = col.k[d];
+      sv[j][d] = col.v[d];
+      if (d == 0) s_bias[j] = col.bias, s_vscale[j] = col.vscale;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kQueriesPerWarp; i++) {
+      const int t = t0 + warp + kAttnWarps * i;
+      if (t >= a.T) continue;
+      const int j_end = min(n, base + t + 1 - c0);  // causal
+      for (int j = 0; j < j_end; j++) st[i].add(q[i], sk[j], sv[j], s_bias[j], s_vscale[j], a.scale, hd, lane);
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kQueriesPerWarp; i++) {
+    const int t = t0 + warp + kAttnWarps * i;
+    if (t >= a.T) continue;
+    float* op = a.out + (size_t(t) * a.H + h) * hd;
+#pragma unroll
+    for (int r = 0; r < kPerLane; r++) {
+      const int d = lane + 32 * r;
+      if (d < hd) op[d] = st[i].acc[r] / st[i].l;
+    }
+    if (a.entropy && t == a.T - 1 && lane == 0) a.entropy[h] = entropy_of(st[i].m, st[i].l, st[i].es);
+  }
+}
+
+// Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range; the warps
+// then merge, and the block writes its partial state (M, L, ES, Σ e^{s−M}·α·v) to a.partial.
+__global__ void attention_split_kernel(AttentionArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, kvh = h / (a.H / a.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hd = a.hd;
+
+  float q[kPerLane];
+  load_query(a, t, h, lane, q);
+  const int S = a.S_seg + *a.n_past + t + 1;  // causal: own tokens up to and including t
+  const int per = (S + a.splits - 1) / a.splits;
+  const int j_end = min(S, (split + 1) * per);
+  OnlineSoftmax st;
+  for (int j = split * per + warp; j < j_end; j += kAttnWarps) {
+    const Column col = column(a, kvh, j);
+    st.add(q, col.k, col.v, col.bias, col.vscale, a.scale, hd, lane);
   }
 
   __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps], sm_es[kAttnWarps];
   __shared__ float sm_acc[kAttnWarps][kMaxHeadDim];
-  if (lane == 0) sm_m[warp] = m, sm_l[warp] = l, sm_es[warp] = es;
+  if (lane == 0) sm_m[warp] = st.m, sm_l[warp] = st.l, sm_es[warp] = st.es;
 #pragma unroll
   for (int i = 0; i < kPerLane; i++) {
     const int d = lane + 32 * i;
-    if (d < hd) sm_acc[warp][d] = acc[i];
+    if (d < hd) sm_acc[warp][d] = st.acc[i];
   }
   __syncthreads();
 
@@ -290,18 +374,6 @@ __global__ void attention_kernel(AttentionArgs a) {
     ES += sm_es[w] * f;
   }
   const size_t row = size_t(t) * a.H + h;
-  if (a.splits == 1) {
-    float* op = a.out + row * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-      float o = 0.f;
-      for (int w = 0; w < kAttnWarps; w++)
-        if (sm_m[w] != -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
-      op[d] = o / L;
-    }
-    // H = −Σ p·ln p with p = e^{s−M}/L  =  M + ln L − (Σ e^{s−M}·s)/L
-    if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = M + logf(L) - ES / L;
-    return;
-  }
   float* rec = a.partial + (row * a.splits + split) * (hd + 3);
   if (threadIdx.x == 0) rec[0] = M, rec[1] = L, rec[2] = ES;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -312,8 +384,8 @@ __global__ void attention_kernel(AttentionArgs a) {
   }
 }
 
-// Block (t, h): merges the splits' partial states (max M_z, Σ e^{s−M_z}, Σ e^{s−M_z}·s, Σ e^{s−M_z}·v)
-// into the output row, as the warps of one block are merged above.
+// Block (t, h): merges the splits' partial states into the output row, as the warps of one
+// block are merged above.
 __global__ void attention_combine_kernel(AttentionArgs a) {
   const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
   const size_t row = size_t(t) * a.H + h;
@@ -336,7 +408,7 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
     }
     op[d] = o / L;
   }
-  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = M + logf(L) - ES / L;
+  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(M, L, ES);
 }
 
 }  // namespace
@@ -412,10 +484,14 @@ void launch_gemv(const DeviceMatrix& W, const float* x, int T, float* y, cudaStr
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
-  if (a.splits < 1 || (a.splits > 1 && !a.partial)) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
-  attention_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
+  if (a.splits <= 1) {
+    attention_prefill_kernel<<<dim3((a.T + kQueryTile - 1) / kQueryTile, a.H), kAttnWarps * 32, 0, s>>>(a);
+    DKI_CUDA_LAUNCHED();
+    return;
+  }
+  if (!a.partial) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  attention_split_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
-  if (a.splits == 1) return;
   attention_combine_kernel<<<dim3(a.T, a.H), 128, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
 }

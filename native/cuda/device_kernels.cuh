@@ -57,9 +57,10 @@ struct AttentionArgs {
   int T = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.f;
   float* entropy = nullptr;  // [H]: attention entropy of the last query, or null
-  // Split-K: each (query, head) row's columns are cut into `splits` ranges, one block each, whose
-  // partial softmax states go to `partial` ([T, H, splits, hd + 3] floats) and are then merged.
-  // Decode has one query per head: without the split only H blocks would stream the whole cache.
+  // 1: the flash-tiled prefill kernel. More: split-K, each (query, head) row's columns cut into
+  // `splits` ranges, one block each, whose partial softmax states go to `partial`
+  // ([T, H, splits, hd + 3] floats) and are then merged. Decode has one query per head: without
+  // the split only H blocks would stream the whole cache.
   int splits = 1;
   float* partial = nullptr;
 };
