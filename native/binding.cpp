@@ -518,12 +518,12 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
 // Reads the caller's bytes in place (no copy): a reference keeps them alive until the worker ends.
 class DeserializeWorker : public PromiseWorker {
  public:
-  DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model)
-      : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)) {}
+  DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model, int device)
+      : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)), device_(device) {}
   void Run() override {
     {
       std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
-      block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0);
+      block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0, device_);
     }
     if (model_) {
       const ModelConfig& c = model_->config();
@@ -538,10 +538,12 @@ class DeserializeWorker : public PromiseWorker {
   const unsigned char* data_;
   size_t size_;
   std::shared_ptr<const Model> model_;
+  int device_;
   BlockPtr block_;
 };
 
-// deserializeBlock(model | null, bytes: Uint8Array) → Promise<NativeKVBlock>; null skips the model check.
+// deserializeBlock(model | null, bytes: Uint8Array, deviceIndex = -1) → Promise<NativeKVBlock>;
+// null skips the model check; deviceIndex ≥ 0 decodes into that GPU's memory.
 Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::shared_ptr<const Model> m;
@@ -549,8 +551,13 @@ Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
     m = model_arg(info, 0);
   }
   if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array)");
-  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m);
+    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)");
+  int device = -1;
+  if (info.Length() > 2 && !info[2].IsUndefined()) {
+    if (!info[2].IsNumber()) throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)");
+    device = info[2].As<Napi::Number>().Int32Value();
+  }
+  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;

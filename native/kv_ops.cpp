@@ -231,29 +231,30 @@ void convert_parallel(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst*
 }
 }  // namespace
 
-std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
-  host_kv(b, "serialize");
+namespace {
+
+// The payload of a host block in `storage` form, at dst (payload_bytes long, any alignment).
+void encode_payload(const KVBlock& b, KVStorage storage, unsigned char* dst) {
   const size_t n = elements(b);
-  const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
-  std::vector<unsigned char> out(sizeof(Header) + body);
-  size_t at = sizeof(Header);
-  for (int32_t t : b.tokens) put(out, at, t);
   switch (storage) {
     case KVStorage::F32:
-      std::memcpy(out.data() + at, b.k.data(), n * 4);
-      std::memcpy(out.data() + at + n * 4, b.v.data(), n * 4);
-      break;
+      std::memcpy(dst, b.k.data(), n * 4);
+      std::memcpy(dst + n * 4, b.v.data(), n * 4);
+      return;
     case KVStorage::F16:
     case KVStorage::BF16: {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(out.data() + at);  // at is even: header 64 + 4·T
+      // Converted into an aligned buffer, then copied: dst need not be 2-byte aligned.
+      std::vector<uint16_t> half(2 * n);
       const auto convert = storage == KVStorage::F16 ? kernels().f32_to_f16 : kernels().f32_to_bf16;
-      convert_parallel(convert, b.k.data(), dst, n);
-      convert_parallel(convert, b.v.data(), dst + n, n);
-      break;
+      convert_parallel(convert, b.k.data(), half.data(), n);
+      convert_parallel(convert, b.v.data(), half.data() + n, n);
+      std::memcpy(dst, half.data(), 4 * n);
+      return;
     }
     case KVStorage::Int8: {
       // Keys: one scale per (layer, head, channel) over all tokens — key outliers live in fixed
       // channels. Values: one scale per (layer, head, token) over its channels.
+      // (cuda/device_kv.cu computes the same bytes on a GPU.)
       const int L = b.n_layers, H = b.n_kv_heads, T = b.n_tokens, hd = b.head_dim;
       std::vector<float> kscale(size_t(L) * H * hd, 0.f), vscale(size_t(L) * H * T, 0.f);
       for (int lh = 0; lh < L * H; lh++)
@@ -268,24 +269,75 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
         for (int c = 0; c < hd; c++) m = std::max(m, std::fabs(b.v[r * hd + c]));
         vscale[r] = m / 127.f;
       }
-      for (float s : kscale) put(out, at, s);
+      const auto quantize = [](float x, float s) { return s > 0 ? int8_t(std::clamp(std::nearbyint(x / s), -127.f, 127.f)) : int8_t(0); };
+      std::memcpy(dst, kscale.data(), kscale.size() * 4);
+      dst += kscale.size() * 4;
       for (int lh = 0; lh < L * H; lh++)
         for (int t = 0; t < T; t++)
-          for (int c = 0; c < hd; c++) {
-            const float s = kscale[size_t(lh) * hd + c];
-            const float q = s > 0 ? std::nearbyint(b.k[(size_t(lh) * T + t) * hd + c] / s) : 0.f;
-            out[at++] = static_cast<unsigned char>(int8_t(std::clamp(q, -127.f, 127.f)));
-          }
-      for (float s : vscale) put(out, at, s);
+          for (int c = 0; c < hd; c++) *dst++ = static_cast<unsigned char>(quantize(b.k[(size_t(lh) * T + t) * hd + c], kscale[size_t(lh) * hd + c]));
+      std::memcpy(dst, vscale.data(), vscale.size() * 4);
+      dst += vscale.size() * 4;
       for (size_t r = 0; r < size_t(L) * H * T; r++)
-        for (int c = 0; c < hd; c++) {
-          const float s = vscale[r];
-          const float q = s > 0 ? std::nearbyint(b.v[r * hd + c] / s) : 0.f;
-          out[at++] = static_cast<unsigned char>(int8_t(std::clamp(q, -127.f, 127.f)));
-        }
-      break;
+        for (int c = 0; c < hd; c++) *dst++ = static_cast<unsigned char>(quantize(b.v[r * hd + c], vscale[r]));
+      return;
     }
   }
+}
+
+// The inverse into b's (sized) host tensors; src is payload_bytes long, any alignment.
+void decode_payload(KVBlock& b, KVStorage storage, const unsigned char* src) {
+  const size_t n = elements(b);
+  switch (storage) {
+    case KVStorage::F32:
+      std::memcpy(b.k.data(), src, n * 4);
+      std::memcpy(b.v.data(), src + n * 4, n * 4);
+      return;
+    case KVStorage::F16:
+    case KVStorage::BF16: {
+      // The payload starts at an even offset (64-byte header + 4 bytes per token id), but the
+      // caller's buffer may not be 2-byte aligned: convert from an aligned copy if it is not.
+      std::vector<uint16_t> aligned;
+      if (reinterpret_cast<uintptr_t>(src) % 2 != 0) {
+        aligned.resize(2 * n);
+        std::memcpy(aligned.data(), src, 4 * n);
+        src = reinterpret_cast<const unsigned char*>(aligned.data());
+      }
+      const uint16_t* half = reinterpret_cast<const uint16_t*>(src);
+      const auto convert = storage == KVStorage::F16 ? kernels().f16_to_f32 : kernels().bf16_to_f32;
+      convert_parallel(convert, half, b.k.data(), n);
+      convert_parallel(convert, half + n, b.v.data(), n);
+      return;
+    }
+    case KVStorage::Int8: {
+      const int L = b.n_layers, H = b.n_kv_heads, T = b.n_tokens, hd = b.head_dim;
+      size_t at = 0;
+      std::vector<float> kscale(size_t(L) * H * hd);
+      for (float& s : kscale) s = get<float>(src, at);
+      for (int lh = 0; lh < L * H; lh++)
+        for (int t = 0; t < T; t++)
+          for (int c = 0; c < hd; c++) b.k[(size_t(lh) * T + t) * hd + c] = float(int8_t(src[at++])) * kscale[size_t(lh) * hd + c];
+      std::vector<float> vscale(size_t(L) * H * T);
+      for (float& s : vscale) s = get<float>(src, at);
+      for (size_t r = 0; r < size_t(L) * H * T; r++)
+        for (int c = 0; c < hd; c++) b.v[r * hd + c] = float(int8_t(src[at++])) * vscale[r];
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
+  const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
+  std::vector<unsigned char> out(sizeof(Header) + body);
+  size_t at = sizeof(Header);
+  for (int32_t t : b.tokens) put(out, at, t);
+#ifdef DKI_CUDA
+  if (b.device)  // quantised or converted on the GPU: only the stored bytes cross PCIe
+    cuda_encode_payload(b, storage, out.data() + at);
+  else
+#endif
+    encode_payload(host_kv(b, "serialize"), storage, out.data() + at);
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;
@@ -303,7 +355,7 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
   return out;
 }
 
-BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint) {
+BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint, int device) {
   if (size < sizeof(Header)) throw Error("K/V block data is " + std::to_string(size) + " bytes, shorter than its 64-byte header");
   Header h;
   std::memcpy(&h, data, sizeof h);
@@ -336,48 +388,20 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
   b->n_tokens = h.n_tokens;
   b->start_pos = h.start_pos;
   b->fingerprint = h.fingerprint;
-  const size_t n = elements(*b);
-  b->k.resize(n);
-  b->v.resize(n);
   size_t at = sizeof(Header);
   b->tokens.resize(h.n_tokens);
   for (auto& t : b->tokens) t = get<int32_t>(data, at);
-  switch (storage) {
-    case KVStorage::F32:
-      std::memcpy(b->k.data(), data + at, n * 4);
-      std::memcpy(b->v.data(), data + at + n * 4, n * 4);
-      break;
-    case KVStorage::F16:
-    case KVStorage::BF16: {
-      // The payload starts at an even offset (64-byte header + 4 bytes per token id), but the
-      // caller's buffer may not be 2-byte aligned: convert from an aligned copy if it is not.
-      const unsigned char* p = data + at;
-      std::vector<uint16_t> aligned;
-      if (reinterpret_cast<uintptr_t>(p) % 2 != 0) {
-        aligned.resize(2 * n);
-        std::memcpy(aligned.data(), p, 4 * n);
-        p = reinterpret_cast<const unsigned char*>(aligned.data());
-      }
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(p);
-      const auto convert = storage == KVStorage::F16 ? kernels().f16_to_f32 : kernels().bf16_to_f32;
-      convert_parallel(convert, src, b->k.data(), n);
-      convert_parallel(convert, src + n, b->v.data(), n);
-      break;
-    }
-    case KVStorage::Int8: {
-      const int L = b->n_layers, H = b->n_kv_heads, T = b->n_tokens, hd = b->head_dim;
-      std::vector<float> kscale(size_t(L) * H * hd);
-      for (float& s : kscale) s = get<float>(data, at);
-      for (int lh = 0; lh < L * H; lh++)
-        for (int t = 0; t < T; t++)
-          for (int c = 0; c < hd; c++) b->k[(size_t(lh) * T + t) * hd + c] = float(int8_t(data[at++])) * kscale[size_t(lh) * hd + c];
-      std::vector<float> vscale(size_t(L) * H * T);
-      for (float& s : vscale) s = get<float>(data, at);
-      for (size_t r = 0; r < size_t(L) * H * T; r++)
-        for (int c = 0; c < hd; c++) b->v[r * hd + c] = float(int8_t(data[at++])) * vscale[r];
-      break;
-    }
+  if (device >= 0) {
+#ifdef DKI_CUDA
+    b->device = cuda_decode_payload(*b, storage, data + at, device);
+    return b;
+#else
+    throw Error("this addon was built without CUDA: a K/V block cannot be restored into GPU memory");
+#endif
   }
+  b->k.resize(b->elements());
+  b->v.resize(b->elements());
+  decode_payload(*b, storage, data + at);
   return b;
 }
 

@@ -30,10 +30,13 @@ KVStorage parse_storage(const std::string& name);
 // Versioned binary: header, model fingerprint, token ids, payload in `storage` form, checksum.
 // Int8 uses per-channel scales for keys and per-token scales for values.
 // F16/BF16 conversion runs on the engine's thread pool: callers hold the compute lock.
+// A block in GPU memory is encoded on its GPU (DKI_CUDA builds), to the same bytes.
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage);
 // Parses and verifies a serialised block; throws a dki::Error naming the problem for a short,
-// corrupt or foreign buffer. expected_fingerprint 0 skips the model check.
-BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint);
+// corrupt or foreign buffer. expected_fingerprint 0 skips the model check. device ≥ 0 decodes
+// the payload on that GPU into a device block (only the stored bytes cross PCIe); the checks
+// all run first, on the host.
+BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint, int device = -1);
 // Bytes a block takes in a storage form (payload only, without header and token ids).
 size_t storage_bytes(const KVBlock& b, KVStorage storage);
 

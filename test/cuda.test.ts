@@ -170,6 +170,26 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(back.values()).toEqual(host.values());
     });
 
+    test("serialize on the device gives the host's bytes, and deserialize onto it the host's tensors", async () => {
+      const host = await m.computeBlock(memory, { startPos: 5 });
+      const dev = await host.toDevice();
+      for (const storage of ["f32", "f16", "bf16", "int8"] as const) {
+        const bytes = await host.serialize(storage);
+        expect(await dev.serialize(storage), storage).toEqual(bytes);
+        const onHost = await KVBlock.deserialize(m.nativeHandle(), bytes);
+        const onGpu = await KVBlock.deserialize(m.nativeHandle(), bytes, { onDevice: true });
+        expect(onGpu.device, storage).toBe(0);
+        expect({ start: onGpu.startPos, tokens: onGpu.tokens }).toEqual({ start: 5, tokens: memory });
+        const back = await onGpu.toHost();
+        expect(back.keys(), storage).toEqual(onHost.keys());
+        expect(back.values(), storage).toEqual(onHost.values());
+      }
+      // Corrupt bytes are refused before anything reaches the GPU.
+      const bad = await host.serialize("int8");
+      bad[100] ^= 4;
+      await expect(KVBlock.deserialize(m.nativeHandle(), bad, { onDevice: true })).rejects.toThrow(/checksum mismatch/);
+    });
+
     test("computeBlock({ onDevice }) keeps the block on the GPU with the same tensors", async () => {
       const host = await m.computeBlock(memory, { startPos: -memory.length });
       const dev = await m.computeBlock(memory, { startPos: -memory.length, onDevice: true });

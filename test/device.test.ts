@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model, nativeConfig, resolveDevice } from "../src/engine/model.js";
 import { native } from "../src/engine/native.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
+import { KVBlock } from "../src/kv/kv-block.js";
 import { hfLlamaTiny } from "./support/paths.js";
 
 const cuda = native().cuda();
@@ -90,7 +91,15 @@ describe("K/V block residence on a CPU model", () => {
     } finally {
       ctx.dispose();
     }
-    if (!cuda.built) expect(() => b.nativeHandle().toDevice(0)).toThrow(/built without the CUDA backend/);
+    const bytes = await b.serialize("int8");
+    await expect(KVBlock.deserialize(m.nativeHandle(), bytes, { onDevice: true })).rejects.toThrow(/deserialize: onDevice needs a model loaded with device "cuda"/);
+    if (!cuda.built) {
+      expect(() => b.nativeHandle().toDevice(0)).toThrow(/built without the CUDA backend/);
+      await expect(native().deserializeBlock(m.nativeHandle(), bytes, 0)).rejects.toThrow(/built without CUDA: a K\/V block cannot be restored into GPU memory/);
+    }
+    // Checks run before any decode, on the host: corrupt bytes are refused as such even for a GPU.
+    bytes[bytes.length - 1] ^= 1;
+    await expect(native().deserializeBlock(m.nativeHandle(), bytes, 0)).rejects.toThrow(/checksum mismatch/);
     b.dispose();
   });
 });

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv_block.h"
+#include "kv_ops.h"
 
 namespace dki {
 
@@ -34,6 +35,12 @@ uint64_t device_kv_bytes(const DeviceKV& d);
 std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBlock> b, int device);
 // b with its tensors in host memory (b itself when they are there already).
 std::shared_ptr<const KVBlock> cuda_block_to_host(std::shared_ptr<const KVBlock> b);
+// serialize_block's payload (after the token ids) of a block in GPU memory, computed on its GPU
+// and copied to out (payload_bytes long): the same bytes as from the block's host copy.
+void cuda_encode_payload(const KVBlock& b, KVStorage storage, unsigned char* out);
+// The inverse: a verified payload of a block shaped like `shape`, decoded into new memory on GPU
+// `device`. Only the stored bytes are uploaded (a quarter of fp32 for int8).
+std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device);
 // kv_ops.h's operations on a block in GPU memory (b.device set); results stay on that GPU.
 // Arguments are checked by the kv_ops.h functions that call these.
 std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha);

@@ -1,9 +1,12 @@
 // K/V blocks in GPU memory: moving them between host and device, and kv_ops.h's operations on
 // them without leaving the device. Each call gets a stream of its own (not the legacy default
 // stream, which would wait for every context's forward pass on the device).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
@@ -66,7 +69,180 @@ void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq, boo
   DKI_CUDA_CHECK(cudaStreamSynchronize(s));  // before `angles` is freed
 }
 
+// --- Storage forms on the device: kv_ops.cpp's encode/decode_payload, element for element ------
+
+constexpr int kThreads = 256;
+unsigned grid_for(size_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+// Key scales: one per (layer·head lh, channel c), max over tokens of |k| / 127.
+__global__ void key_scales_kernel(const float* k, int LH, int T, int hd, float* scale) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(LH) * hd) return;
+  const size_t lh = i / hd, c = i % hd;
+  float m = 0.f;
+  for (int t = 0; t < T; t++) m = fmaxf(m, fabsf(k[(lh * T + t) * hd + c]));
+  scale[i] = m / 127.f;
+}
+
+// Value scales: one per row (layer, head, token), max over its channels of |v| / 127.
+__global__ void value_scales_kernel(const float* v, size_t rows, int hd, float* scale) {
+  const size_t r = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float m = 0.f;
+  for (int c = 0; c < hd; c++) m = fmaxf(m, fabsf(v[r * hd + c]));
+  scale[r] = m / 127.f;
+}
+
+// Element i of [lh][t][c]: its key scale (per channel) or value scale (per row).
+template <bool kPerChannel>
+__device__ __forceinline__ float scale_of(const float* scale, size_t i, int T, int hd) {
+  return kPerChannel ? scale[(i / (size_t(T) * hd)) * hd + i % hd] : scale[i / hd];
+}
+
+template <bool kPerChannel>
+__global__ void quantize_kernel(const float* x, const float* scale, size_t n, int T, int hd, int8_t* q) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float s = scale_of<kPerChannel>(scale, i, T, hd);
+  q[i] = s > 0 ? int8_t(fminf(fmaxf(rintf(x[i] / s), -127.f), 127.f)) : int8_t(0);
+}
+
+template <bool kPerChannel>
+__global__ void dequantize_kernel(const int8_t* q, const float* scale, size_t n, int T, int hd, float* x) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = float(q[i]) * scale_of<kPerChannel>(scale, i, T, hd);
+}
+
+template <bool kBF16>
+__global__ void to_half_kernel(const float* x, size_t n, uint16_t* h) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) h[i] = kBF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i])) : __half_as_ushort(__float2half_rn(x[i]));
+}
+
+template <bool kBF16>
+__global__ void from_half_kernel(const uint16_t* h, size_t n, float* x) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = kBF16 ? __bfloat162float(__ushort_as_bfloat16(h[i])) : __half2float(__ushort_as_half(h[i]));
+}
+
+// The int8 payload is [key scales][key int8][value scales][value int8]; on the device its parts
+// sit in one scratch buffer at float-aligned offsets (the payload's own offsets need not be).
+struct Int8Parts {
+  size_t n, kscales, vscales;  // element counts
+  size_t kq_at, vs_at, vq_at;  // offsets in the payload
+  DeviceBuffer scratch;
+  float* ks() const { return scratch.get<float>(); }
+  float* vs() const { return ks() + kscales; }
+  int8_t* kq() const { return reinterpret_cast<int8_t*>(vs() + vscales); }
+  int8_t* vq() const { return kq() + n; }
+
+  explicit Int8Parts(const KVBlock& b)
+      : n(b.elements()), kscales(size_t(b.n_layers) * b.n_kv_heads * b.head_dim), vscales(size_t(b.n_layers) * b.n_kv_heads * b.n_tokens) {
+    kq_at = kscales * 4;
+    vs_at = kq_at + n;
+    vq_at = vs_at + vscales * 4;
+    scratch.allocate((kscales + vscales) * 4 + 2 * n, "an int8 K/V payload");
+  }
+};
+
+void half_form(KVStorage storage, const float* x, size_t n, uint16_t* h, cudaStream_t s) {
+  if (storage == KVStorage::BF16) to_half_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, n, h);
+  else to_half_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, n, h);
+  DKI_CUDA_LAUNCHED();
+}
+
+void from_half_form(KVStorage storage, const uint16_t* h, size_t n, float* x, cudaStream_t s) {
+  if (storage == KVStorage::BF16) from_half_kernel<true><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
+  else from_half_kernel<false><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
+  DKI_CUDA_LAUNCHED();
+}
+
 }  // namespace
+
+void cuda_encode_payload(const KVBlock& b, KVStorage storage, unsigned char* out) {
+  const DeviceKV& d = *b.device;
+  const size_t n = d.elements;
+  const int T = b.n_tokens, hd = b.head_dim;
+  const float *k = d.k.get<float>(), *v = d.v.get<float>();
+  CopyStream s(d.device);
+  const auto download = [&](unsigned char* to, const void* from, size_t bytes) {
+    DKI_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, s.get()));
+  };
+  switch (storage) {
+    case KVStorage::F32:
+      download(out, k, n * 4);
+      download(out + n * 4, v, n * 4);
+      s.wait();
+      return;
+    case KVStorage::F16:
+    case KVStorage::BF16: {
+      DeviceBuffer half(4 * n, "a half-precision K/V payload");
+      half_form(storage, k, n, half.get<uint16_t>(), s.get());
+      half_form(storage, v, n, half.get<uint16_t>() + n, s.get());
+      download(out, half.get(), 4 * n);
+      s.wait();  // before `half` is freed
+      return;
+    }
+    case KVStorage::Int8: {
+      Int8Parts p(b);
+      key_scales_kernel<<<grid_for(p.kscales), kThreads, 0, s.get()>>>(k, b.n_layers * b.n_kv_heads, T, hd, p.ks());
+      DKI_CUDA_LAUNCHED();
+      value_scales_kernel<<<grid_for(p.vscales), kThreads, 0, s.get()>>>(v, p.vscales, hd, p.vs());
+      DKI_CUDA_LAUNCHED();
+      quantize_kernel<true><<<grid_for(n), kThreads, 0, s.get()>>>(k, p.ks(), n, T, hd, p.kq());
+      DKI_CUDA_LAUNCHED();
+      quantize_kernel<false><<<grid_for(n), kThreads, 0, s.get()>>>(v, p.vs(), n, T, hd, p.vq());
+      DKI_CUDA_LAUNCHED();
+      download(out, p.ks(), p.kscales * 4);
+      download(out + p.kq_at, p.kq(), n);
+      download(out + p.vs_at, p.vs(), p.vscales * 4);
+      download(out + p.vq_at, p.vq(), n);
+      s.wait();
+      return;
+    }
+  }
+}
+
+std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device) {
+  const size_t n = shape.elements();
+  const int T = shape.n_tokens, hd = shape.head_dim;
+  CopyStream s(device);
+  auto d = std::make_shared<DeviceKV>(device, n);
+  float *k = d->k.get<float>(), *v = d->v.get<float>();
+  const auto upload = [&](void* to, const unsigned char* from, size_t bytes) {
+    DKI_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, s.get()));
+  };
+  switch (storage) {
+    case KVStorage::F32:
+      upload(k, payload, n * 4);
+      upload(v, payload + n * 4, n * 4);
+      break;
+    case KVStorage::F16:
+    case KVStorage::BF16: {
+      DeviceBuffer half(4 * n, "a half-precision K/V payload");
+      upload(half.get(), payload, 4 * n);
+      from_half_form(storage, half.get<uint16_t>(), n, k, s.get());
+      from_half_form(storage, half.get<uint16_t>() + n, n, v, s.get());
+      s.wait();  // before `half` is freed
+      break;
+    }
+    case KVStorage::Int8: {
+      Int8Parts p(shape);
+      upload(p.ks(), payload, p.kscales * 4);
+      upload(p.kq(), payload + p.kq_at, n);
+      upload(p.vs(), payload + p.vs_at, p.vscales * 4);
+      upload(p.vq(), payload + p.vq_at, n);
+      dequantize_kernel<true><<<grid_for(n), kThreads, 0, s.get()>>>(p.kq(), p.ks(), n, T, hd, k);
+      DKI_CUDA_LAUNCHED();
+      dequantize_kernel<false><<<grid_for(n), kThreads, 0, s.get()>>>(p.vq(), p.vs(), n, T, hd, v);
+      DKI_CUDA_LAUNCHED();
+      s.wait();  // before the scratch is freed
+      break;
+    }
+  }
+  s.wait();
+  return d;
+}
 
 int device_kv_device(const DeviceKV& d) { return d.device; }
 uint64_t device_kv_bytes(const DeviceKV& d) { return d.k.bytes() + d.v.bytes(); }

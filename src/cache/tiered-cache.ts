@@ -27,9 +27,9 @@
 //
 // Conversions (serialise, quantise, dequantise, host↔GPU copies) run on libuv worker threads and
 // file I/O is asynchronous, so the event loop is never blocked by cache work. With l1OnDevice,
-// blocks restored from L2/L3 or computed are moved to the GPU before they enter L1 (and are
-// handed out from there), and copied back to the host only to be serialised on their way down.
-// A block put() by a caller stays where the caller made it.
+// blocks are computed on the GPU and L2/L3 bytes are decoded there (only the stored form crosses
+// PCIe); blocks on their way down are encoded there too. A block put() by a caller stays where
+// the caller made it.
 import { performance } from "node:perf_hooks";
 import type { ComputeBlockOptions } from "../engine/model.js";
 import type { NativeModelHandle } from "../engine/native.js";
@@ -382,11 +382,10 @@ export class TieredKVCache {
       // L2, or on its way from L2 to L3.
       const e2 = this.l2.get(r.key) ?? this.leavingL2.get(r.key);
       if (e2) {
-        const restored = await this.verified(r, () => this.l2.decode(this.model.nativeHandle(), e2.value));
+        const block = await this.restore(r, e2.value);
         if (this.l2.get(r.key) === e2) this.l2.remove(r.key);
         if (this.leavingL2.get(r.key) === e2) this.leavingL2.delete(r.key);
-        if (restored) {
-          const block = await this.inL1Form(restored);
+        if (block) {
           if (!ctl.cancelled) this.admitL1({ ...e2, bytes: L1Blocks.cost(block), usage, value: block });
           return this.served("L2", block, r.key, t0);
         }
@@ -394,9 +393,8 @@ export class TieredKVCache {
       this.misses.L2++;
 
       if (this.l3.isReady(r.key)) {
-        const restored = await this.readL3(r);
-        if (restored) {
-          const block = await this.inL1Form(restored);
+        const block = await this.readL3(r);
+        if (block) {
           this.l3.touch(r.key, now);
           if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: L1Blocks.cost(block), usage, value: block });
           return this.served("L3", block, r.key, t0);
@@ -418,22 +416,6 @@ export class TieredKVCache {
     }
   }
 
-  /**
-   * A restored (host) block as L1 holds it: moved to the GPU with l1OnDevice. A GPU out of memory
-   * is no loss: the host block serves (and is counted at its host bytes), and the error is noted.
-   */
-  private async inL1Form(block: KVBlock): Promise<KVBlock> {
-    if (!this.l1OnDevice) return block;
-    try {
-      const onDevice = await block.toDevice();
-      block.dispose();
-      return onDevice;
-    } catch (e) {
-      this.noteError(e);
-      return block;
-    }
-  }
-
   /** An L3 entry as a verified block, or null (missing, or corrupt and now dropped). */
   private async readL3(r: Identified): Promise<KVBlock | null> {
     let entry;
@@ -445,15 +427,25 @@ export class TieredKVCache {
       return null;
     }
     if (!entry) return null;
-    const block = await this.verified(r, () => KVBlock.deserialize(this.model.nativeHandle(), entry.bytes));
+    const block = await this.restore(r, entry.bytes);
     if (!block) await entry.drop();
     return block;
   }
 
-  /** Decodes a stored block and checks it against the request; null (and counted) if it fails. */
-  private async verified(r: Identified, decode: () => Promise<KVBlock>): Promise<KVBlock | null> {
+  /**
+   * Stored bytes as a verified block in L1's form (decoded on the GPU with l1OnDevice), or null
+   * (corrupt, and counted). A GPU that cannot take the block is no loss: it is decoded into host
+   * memory instead and the error noted; only bytes the host decode refuses too are corrupt.
+   */
+  private async restore(r: Identified, bytes: Buffer): Promise<KVBlock | null> {
+    const decode = (onDevice: boolean) => KVBlock.deserialize(this.model.nativeHandle(), bytes, { onDevice });
     try {
-      const block = await decode();
+      const block = await decode(this.l1OnDevice).catch(async (e: unknown) => {
+        if (!this.l1OnDevice) throw e;
+        const host = await decode(false); // throws again if the bytes are bad
+        this.noteError(e); // they are not: the GPU could not take the block
+        return host;
+      });
       this.checkBlock(block, r, (m) => new CorruptEntryError(m));
       return block;
     } catch (e) {

@@ -121,7 +121,8 @@ export interface NativeAddon {
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
   remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;
   concatBlocks(model: NativeModelHandle, blocks: NativeKVBlockHandle[]): Promise<NativeKVBlockHandle>;
-  deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array): Promise<NativeKVBlockHandle>;
+  /** deviceIndex ≥ 0: decoded on that GPU into a device block (CUDA builds). */
+  deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array, deviceIndex?: number): Promise<NativeKVBlockHandle>;
   setThreads(n: number): void;
   getThreads(): number;
   /** Bytes of freed K/V block buffers (≥ 256 KiB each) kept for reuse; default 256 MiB, 0 keeps none. */

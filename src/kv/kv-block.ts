@@ -84,26 +84,33 @@ export class KVBlock {
     return this.nativeHandle().storageBytes(storage);
   }
 
-  /** Versioned binary with header, model fingerprint, token ids and checksum. A block on a GPU is copied to the host for it first. */
-  async serialize(storage: KVStorage = "f32"): Promise<Buffer> {
-    if (this.device === null) return this.nativeHandle().serialize(storage);
-    const host = await this.toHost();
-    try {
-      return await host.nativeHandle().serialize(storage);
-    } finally {
-      host.dispose();
-    }
+  /**
+   * Versioned binary with header, model fingerprint, token ids and checksum. A block on a GPU is
+   * converted or quantised there, to the same bytes, so only the stored form crosses PCIe.
+   */
+  serialize(storage: KVStorage = "f32"): Promise<Buffer> {
+    return this.nativeHandle().serialize(storage);
   }
 
-  /** Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks. */
-  static async deserialize(model: NativeModelHandle, bytes: Uint8Array): Promise<KVBlock> {
-    return new KVBlock(await native().deserializeBlock(model, bytes), model);
+  /**
+   * Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks.
+   * onDevice (a model on CUDA): the payload is decoded on the model's GPU into a device block,
+   * after every check has passed on the host.
+   */
+  static async deserialize(model: NativeModelHandle, bytes: Uint8Array, opts: { onDevice?: boolean } = {}): Promise<KVBlock> {
+    let deviceIndex = -1;
+    if (opts.onDevice) {
+      const info = model.info();
+      if (info.device !== "cuda") throw new DkiArgumentError('deserialize: onDevice needs a model loaded with device "cuda"; this one runs on the CPU');
+      deviceIndex = info.deviceIndex;
+    }
+    return new KVBlock(await native().deserializeBlock(model, bytes, deviceIndex), model);
   }
 
   /**
    * The block in GPU memory, on the GPU its model runs on. A device block is injected without a
-   * trip over PCIe, and scaleValues, remap, slice and concat run on the device; keys() and
-   * values() need toHost() first. Off the main thread. Like every op it returns a new block
+   * trip over PCIe, and scaleValues, remap, slice, concat and serialize run on the device;
+   * keys() and values() need toHost() first. Off the main thread. Like every op it returns a new block
    * (sharing the tensors when they are on that GPU already), so disposing this one is safe.
    */
   async toDevice(): Promise<KVBlock> {
