@@ -1,6 +1,7 @@
 // Load latency of the tiered K/V cache per tier vs recomputing the block, for memories of
 // 64…2048 tokens on the smollm2-135m shape, plus bytes per token per tier.
-// Usage: node bench/cache.js [--quick]   (quick: 64…512 tokens only)
+// Usage: node bench/cache.js [--quick] [--device cuda]   (quick: 64…512 tokens only)
+// On CUDA, L1 is GPU memory: blocks are computed there and L2/L3 bytes are decoded there.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,13 +15,17 @@ import { benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
 
 const quick = process.argv.includes("--quick");
+const deviceArg = process.argv.indexOf("--device");
+const device = deviceArg > 0 ? process.argv[deviceArg + 1] : "cpu";
+if (device !== "cpu" && device !== "cuda") throw new Error(`--device must be cpu or cuda, got ${device}`);
+const onDevice = device === "cuda";
 const SIZES = quick ? [64, 128, 512] : [64, 128, 512, 1024, 2048];
 const GiB = 2 ** 30;
 const LOADS = 10; // timed loads per tier (after 1 warm-up)
 const RESTORES = 50; // timed bare L2 restores (after 1 warm-up): short ones are noisy
 
 const dir = await benchModel("smollm2-135m", "f16");
-const model = await Model.load(dir, { contextSize: Math.max(...SIZES) + 8 });
+const model = await Model.load(dir, { contextSize: Math.max(...SIZES) + 8, device });
 const scratch = mkdtempSync(join(tmpdir(), "dki-bench-cache-"));
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
@@ -63,7 +68,7 @@ for (const n of SIZES) {
   const req = { userId: "bench", tokens };
   let block;
   const recomputeMs = await timed(n <= 512 ? 3 : 2, async () => {
-    block = await model.computeBlock(tokens);
+    block = await model.computeBlock(tokens, { onDevice });
   });
 
   const l1 = await cacheWith("L1", block, req);
@@ -85,8 +90,9 @@ for (const n of SIZES) {
   // The L2 restore itself (f16 bytes → fp32 block on a worker thread), without cache bookkeeping.
   const f16 = await block.serialize("f16");
   const restoreMs = await timed(RESTORES, async () => {
-    (await KVBlock.deserialize(model.nativeHandle(), f16)).dispose();
+    (await KVBlock.deserialize(model.nativeHandle(), f16, { onDevice })).dispose();
   });
+  const fp32Bytes = block.byteSize + block.deviceBytes;
 
   rows.push({
     tokens: n,
@@ -96,10 +102,10 @@ for (const n of SIZES) {
     "L2 bf16 ms": l2bMs,
     "L3 int8 ms": l3Ms,
     "L3 speedup": recomputeMs / l3Ms,
-    "L2 restore GB/s (fp32 out)": block.byteSize / 1e9 / (restoreMs / 1000),
+    "L2 restore GB/s (fp32 out)": fp32Bytes / 1e9 / (restoreMs / 1000),
     "L2 restore GB/s (f16 in)": f16.length / 1e9 / (restoreMs / 1000),
     "L3 write ms": l3.putMs,
-    "L1 B/token": block.byteSize / n,
+    "L1 B/token": fp32Bytes / n,
     "L2 B/token": f16.length / n,
     "L3 B/token": s3.L3.bytes / n,
   });
@@ -109,19 +115,19 @@ rmSync(scratch, { recursive: true, force: true });
 
 const at512 = rows.find((r) => r.tokens === 512);
 const restore = rows.map((r) => r["L2 restore GB/s (fp32 out)"]);
-writeResults("cache-cpu", {
-  machine: machine(native()),
+writeResults(`cache-${device}`, {
+  machine: onDevice ? { ...machine(native()), gpu: native().cuda().names[0] } : machine(native()),
   columns: [
     "tokens", "recompute ms", "L1 ms", "L2 f16 ms", "L2 bf16 ms", "L3 int8 ms", "L3 speedup",
     "L2 restore GB/s (fp32 out)", "L2 restore GB/s (f16 in)", "L3 write ms", "L1 B/token", "L2 B/token", "L3 B/token",
   ],
   rows,
   notes: [
-    "Random-weight llama at the smollm2-135m shape (30 layers, 3 K/V heads × 64), f16 weights, CPU backend.",
+    `Random-weight llama at the smollm2-135m shape (30 layers, 3 K/V heads × 64), f16 weights, ${onDevice ? "CUDA backend: L1 in GPU memory, blocks computed there, L2/L3 bytes decoded there (only the stored form crosses PCIe)" : "CPU backend"}.`,
     "recompute: model.computeBlock(tokens), prefill with K/V export. Tier columns: TieredKVCache.get() latency as it reports it (loadMs), " +
       `the block held in that tier only (budgets of the tiers above set to 0), each hit released after (hit.release()); mean of ${LOADS} loads after 1 warm-up.`,
     "L3 loads read a file the OS has just written (warm page cache); a cold read adds the disk's time for L3 B/token × tokens bytes.",
-    `L2 restore GB/s: KVBlock.deserialize of the f16 buffer alone (mean of ${RESTORES}, each block disposed after, as an evicted block would be), counted as fp32 bytes produced and as f16 bytes consumed. Freed block buffers are pooled (setKVPoolBytes, default 256 MiB), so a restore after an eviction reuses mapped memory.`,
+    `L2 restore GB/s: KVBlock.deserialize${onDevice ? "(…, { onDevice: true })" : ""} of the f16 buffer alone (mean of ${RESTORES}, each block disposed after, as an evicted block would be), counted as fp32 bytes produced and as f16 bytes consumed. Freed block buffers are pooled (setKVPoolBytes, default 256 MiB), so a restore after an eviction reuses mapped memory.`,
     "L3 write: put() + flush(): int8 quantisation, serialisation and the atomic file write (runs behind put in normal use).",
     at512 ? `Target L3 ≥ 20× faster than recompute at 512 tokens: ${at512["L3 speedup"].toFixed(1)}× (${at512["L3 speedup"] >= 20 ? "met" : "missed"}).` : "",
     `Target L2 restore ≥ 5 GB/s: ${Math.min(...restore).toFixed(2)}–${Math.max(...restore).toFixed(2)} GB/s fp32 out (${Math.min(...restore) >= 5 ? "met" : "missed"}).`,

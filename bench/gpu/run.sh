@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU recipe (issue #9): on a CUDA host, builds the CUDA addon, runs the GPU tests and the GPU
-# benchmark. Run from anywhere inside the checkout:
+# The GPU recipe (issues #9 and #6): on a CUDA host, builds the CUDA addon, runs the GPU tests,
+# the GPU benchmark and the tiered cache's benchmark with L1 in GPU memory. Run from anywhere inside the checkout:
 #
-#   bench/gpu/run.sh [--quick]        (--quick: no llama-8b in the benchmark)
+#   bench/gpu/run.sh [--quick]        (--quick: no llama-8b in the benchmark, cache up to 512 tokens)
 #
 # Needs: Node >= 20, the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.18, node_modules (`npm ci`, or
 # unpacked from bench/gpu/pack-for-device.sh on a host without network), and python3 with torch +
@@ -30,3 +30,4 @@ if [ -d node_modules/typescript ]; then npx tsc -p tsconfig.json; fi  # else dis
 node -e "import('./dist/src/engine/native.js').then(({ native }) => { const c = native().cuda(); console.log(c); if (!c.devices) process.exit(1); })"
 npx vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts
 node bench/gpu.js "$@"
+node bench/cache.js --device cuda "$@"
