@@ -120,7 +120,7 @@ for (const preset of presets) {
 
   for (const attn of ["eager", "sdpa"]) {
     const t = transformers(["--model", dir, "--attn", attn, "--prefill", PREFILL.join(","), "--decode", String(DECODE)], notes);
-    row[`${attn} prefill ${PREFILL[0]}`] = t?.[`prefill_${PREFILL[0]}_tok_s`];
+    for (const n of PREFILL) row[`${attn} prefill ${n}`] = t?.[`prefill_${n}_tok_s`];
     row[`${attn} decode tok/s`] = t?.decode_tok_s;
     row[`decode vs ${attn}`] = t ? `${(decodeTokS / t.decode_tok_s).toFixed(2)}×` : "n/a";
   }

@@ -18,20 +18,16 @@ const prompt = Array.from({ length: 40 }, (_, i) => (i * 977 + 13) % 49152);
 const longPrompt = Array.from({ length: 300 }, (_, i) => (i * 7919 + 5) % 49152);
 const memory = [3, 1200, 77, 4501, 9, 18000, 256, 31, 40000, 12, 600, 7];
 
-/** Logits of the prompt, then of 8 greedy decode steps (the GEMV path), on one context. */
+/** Logits of the prompt, then of 8 single-token steps (the GEMV path), on one context. The steps
+ * feed fixed tokens rather than each model's own choice, so two models never drift apart by
+ * taking different paths: only their arithmetic differs. */
 async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array[]> {
   const ctx = m.createContext(512);
   try {
     const all = (await ctx.eval(Int32Array.from(tokens), LogitsMode.All))!;
     const V = m.config.vocabSize;
     const rows = Array.from({ length: tokens.length }, (_, i) => all.subarray(i * V, (i + 1) * V));
-    let last = rows[rows.length - 1];
-    for (let s = 0; s < 8; s++) {
-      let best = 0;
-      for (let j = 1; j < V; j++) if (last[j] > last[best]) best = j;
-      last = (await ctx.eval(Int32Array.of(best), LogitsMode.Last))!;
-      rows.push(last);
-    }
+    for (let s = 0; s < 8; s++) rows.push((await ctx.eval(Int32Array.of((s * 4099 + 17) % V), LogitsMode.Last))!);
     return rows;
   } finally {
     ctx.dispose();
@@ -134,15 +130,21 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       }
     });
 
-    test("Q8_0 weights (quantised at load) stay within 5e-2 of the CPU's Q8_0 run", async () => {
+    test("Q8_0 weights (quantised at load): the GPU departs from the CPU's Q8_0 run by less than Q8_0 departs from F32", async () => {
       const dir = tempDir();
       await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 9, gains: { qk: 1, residual: 1, logit: 1 } });
+      const f32 = await Model.load(dir, { contextSize: 128 });
       const cpu = await Model.load(dir, { quantize: "q8_0", contextSize: 128 });
       const cuda = await Model.load(dir, { quantize: "q8_0", contextSize: 128, device: "cuda" });
-      // The CPU also rounds activations to 8 bits (as llama.cpp does); the GPU keeps them fp32.
-      expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(5e-2);
-      cpu.dispose();
-      cuda.dispose();
+      // Both backends use the same int8 weights; the CPU also rounds activations to 8 bits (as
+      // llama.cpp does), the GPU keeps them fp32. So the backends differ by that rounding alone,
+      // which is part of, and smaller than, the whole Q8_0 error against F32.
+      const ref = await promptAndDecode(f32, prompt);
+      const onCpu = await promptAndDecode(cpu, prompt);
+      const quantError = maxRowDiff(onCpu, ref);
+      expect(quantError).toBeGreaterThan(1e-3);
+      expect(maxRowDiff(await promptAndDecode(cuda, prompt), onCpu)).toBeLessThan(quantError);
+      for (const m of [f32, cpu, cuda]) m.dispose();
     });
   });
 
@@ -229,7 +231,7 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       const parts = [await dev.slice(0, 5), await (await dev.slice(5, 12)).remap(100)];
       const hostParts = [await host.slice(0, 5), await (await host.slice(5, 12)).remap(100)];
       await same(await KVBlock.concat(parts), await KVBlock.concat(hostParts), 1e-5);
-      await expect(KVBlock.concat([parts[0], hostParts[1]])).rejects.toThrow(/all in host memory or all on the same GPU/);
+      await expect(KVBlock.concat([parts[0], hostParts[1]])).rejects.toThrow(/must all be in host memory or all on the same GPU/);
     });
 
     test("the tiered cache holds L1 in GPU memory: computed, demoted and restored blocks", async () => {

@@ -28,6 +28,6 @@ cmake --build build -j "$(nproc)"
 if [ -d node_modules/typescript ]; then npx tsc -p tsconfig.json; fi  # else dist/ came along
 
 node -e "import('./dist/src/engine/native.js').then(({ native }) => { const c = native().cuda(); console.log(c); if (!c.devices) process.exit(1); })"
-npx vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts
+node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts
 node bench/gpu.js "$@"
 node bench/cache.js --device cuda "$@"

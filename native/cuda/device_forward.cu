@@ -1,7 +1,8 @@
 // The forward pass on a GPU: the same stages as forward.cpp, in the same order, on device
-// buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once;
-// longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode step is ~15 kernel
-// launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
+// buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once,
+// with q/k/v in one launch, the MLP's gate in its projections and the residual adds in the
+// output projections; longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode
+// step is still 9 launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
 // (n_past, token ids, rotary angles) live in device memory that one copy refreshes per step.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -90,29 +91,67 @@ struct CudaForward::Impl {
 
   float* cache_layer(const DeviceBuffer& c, int l) const { return c.get<float>() + size_t(l) * cfg.n_kv_heads * max_tokens * cfg.head_dim; }
 
-  // y[T, W.rows] = x[T, W.cols] · Wᵀ
-  void linear(const DeviceMatrix& W, const float* x_dev, int T, float* y) {
-    if (T <= kGemvMaxTokens) return launch_gemv(W, x_dev, T, y, stream);
-    const float one = 1.f, zero = 0.f;
-    const size_t n_in = size_t(T) * W.cols;
-    const void* A = W.data;
-    const void* B = x_dev;
-    cudaDataType_t type = CUDA_R_32F;
-    if (W.dtype != DType::F32) {
-      // cuBLAS multiplies equal input types: the activations are rounded to the weight's half
-      // type (F16 for Q8_0, whose weight is dequantised to F16 first), accumulation stays fp32.
-      const DType half = W.dtype == DType::BF16 ? DType::BF16 : DType::F16;
-      if (W.dtype == DType::Q8_0) {
-        launch_dequant_q8_to_f16(W.data, size_t(W.rows) * W.cols, w_f16.get(), stream);
-        A = w_f16.get();
-      }
-      launch_to_half(x_dev, n_in, half, x_half.get(), stream);
-      B = x_half.get();
-      type = half == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  // y[T, W.rows] = x[T, W.cols] · Wᵀ, or y += that (the residual stream) when accumulating.
+  void linear(const DeviceMatrix& W, const float* x_dev, int T, float* y, bool accumulate = false) {
+    if (T <= kGemvMaxTokens) {
+      GemvBatch b;
+      b.part[0] = {W, nullptr, y};
+      b.n_parts = 1, b.cols = W.cols, b.x = x_dev, b.accumulate = accumulate;
+      return launch_gemv(b, T, stream);
     }
-    // Column-major view: Yᵀ [rows, T] = W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T].
-    DKI_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, B, type, W.cols, &zero, y,
+    if (W.dtype == DType::F32) return gemm(W.data, CUDA_R_32F, W, x_dev, T, y, accumulate);
+    // cuBLAS multiplies equal input types. Rounding the activations once to BF16 would cost
+    // ~0.5 in the logits of the test models; as hi + lo they keep ~16 bits, for twice the GEMM
+    // work (prefill is far from compute-bound on the test shapes; see bench/results/gpu-cuda.md).
+    // Q8_0 weights are dequantised to F16 first.
+    const DType half = W.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+    const void* A = W.data;
+    if (W.dtype == DType::Q8_0) {
+      launch_dequant_q8_to_f16(W.data, size_t(W.rows) * W.cols, w_f16.get(), stream);
+      A = w_f16.get();
+    }
+    const size_t n_in = size_t(T) * W.cols;
+    char* hi = x_half.get<char>();
+    char* lo = hi + n_in * 2;
+    launch_split_half(x_dev, n_in, half, hi, lo, stream);
+    const cudaDataType_t type = half == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    gemm(A, type, W, hi, T, y, accumulate);
+    gemm(A, type, W, lo, T, y, true);
+  }
+
+  // Column-major view: Yᵀ [rows, T] = W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T].
+  void gemm(const void* A, cudaDataType_t type, const DeviceMatrix& W, const void* X, int T, float* y, bool accumulate) {
+    const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+    DKI_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, X, type, W.cols, &beta, y,
                                   CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // q, k, v = Wq·xn (+ bias), Wk·xn, Wv·xn: one GEMV launch in decode, three GEMMs in prefill.
+  void project_qkv(const CudaWeights::Layer& L, const float* xn, int T, float* q, float* k, float* v) {
+    if (T <= kGemvMaxTokens) {
+      GemvBatch b;
+      b.part[0] = {L.wq, L.bq, q};
+      b.part[1] = {L.wk, L.bk, k};
+      b.part[2] = {L.wv, L.bv, v};
+      b.n_parts = 3, b.cols = L.wq.cols, b.x = xn;
+      return launch_gemv(b, T, stream);
+    }
+    linear(L.wq, xn, T, q);
+    linear(L.wk, xn, T, k);
+    linear(L.wv, xn, T, v);
+    if (L.bq) {
+      launch_add_bias(q, L.bq, T, L.wq.rows, stream);
+      launch_add_bias(k, L.bk, T, L.wk.rows, stream);
+      launch_add_bias(v, L.bv, T, L.wv.rows, stream);
+    }
+  }
+
+  // gate = silu(W_gate·xn) ⊙ (W_up·xn): one GEMV launch in decode; two GEMMs and the gate in prefill.
+  void mlp_hidden(const CudaWeights::Layer& L, const float* xn, int T, float* gate, float* up) {
+    if (T <= kGemvMaxTokens) return launch_gemv_swiglu(L.w_gate, L.w_up, xn, T, gate, stream);
+    linear(L.w_gate, xn, T, gate);
+    linear(L.w_up, xn, T, up);
+    launch_swiglu(gate, up, size_t(T) * L.w_gate.rows, stream);
   }
 };
 
@@ -150,7 +189,7 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.gate.allocate(T * F * f, "MLP activations");
   s.up.allocate(T * F * f, "MLP activations");
   s.probe.allocate(size_t(c.n_heads) * f, "attention probe");
-  s.x_half.allocate(T * std::max({D, F, qd}) * 2, "half-precision GEMM input");
+  s.x_half.allocate(2 * T * std::max({D, F, qd}) * 2, "half-precision GEMM inputs (hi and lo)");
   if (s.w->max_q8_elements) s.w_f16.allocate(s.w->max_q8_elements * 2, "a dequantised Q8_0 matrix");
 }
 
@@ -213,8 +252,7 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
 void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe) {
   const ModelConfig& c = cfg;
   const CudaWeights& W = *w;
-  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
-  const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
+  const int D = c.hidden_size, hd = c.head_dim;
   cudaStream_t st = stream;
   const StepLayout in = step_layout(T);
   const char* step_p = step.get<char>();
@@ -243,21 +281,14 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     const CudaWeights::Layer& L = W.layers[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
     launch_rmsnorm(x_, L.attn_norm, c.rms_norm_eps, T, D, xn_, st);
-    linear(L.wq, xn_, T, q_);
-    linear(L.wk, xn_, T, k_);
-    linear(L.wv, xn_, T, v_);
-    if (L.bq) {
-      launch_add_bias(q_, L.bq, T, qd, st);
-      launch_add_bias(k_, L.bk, T, kvd, st);
-      launch_add_bias(v_, L.bv, T, kvd, st);
-    }
-    launch_rope(q_, T, c.n_heads, hd, cos, sin, c.rope_interleaved, st);
-    launch_rope(k_, T, c.n_kv_heads, hd, cos, sin, c.rope_interleaved, st);
-    float* kc = cache_layer(k_cache, l);
-    float* vc = cache_layer(v_cache, l);
-    launch_store_kv(k_, v_, T, c.n_kv_heads, hd, kc, vc, max_tokens, n_past, st);
-    a.k_cache = kc;
-    a.v_cache = vc;
+    project_qkv(L, xn_, T, q_, k_, v_);
+    RopeStoreArgs r;
+    r.q = q_, r.k = k_, r.v = v_;
+    a.k_cache = r.k_cache = cache_layer(k_cache, l);
+    a.v_cache = r.v_cache = cache_layer(v_cache, l);
+    r.cos = cos, r.sin = sin, r.n_past = n_past;
+    r.T = T, r.H = c.n_heads, r.Hkv = c.n_kv_heads, r.hd = hd, r.max_tokens = max_tokens, r.interleaved = c.rope_interleaved;
+    launch_rope_store(r, st);
     if (S_seg) {
       const size_t seg_layer = size_t(l) * c.n_kv_heads * S_seg * hd;
       a.seg_k = seg_k.get<float>() + seg_layer;
@@ -265,16 +296,12 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     }
     a.entropy = l == probe_layer && want_probe ? probe.get<float>() : nullptr;
     launch_attention(a, st);
-    linear(L.wo, attn_, T, xn_);
-    launch_add(x_, xn_, size_t(T) * D, st);
+    linear(L.wo, attn_, T, x_, /*accumulate=*/true);
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
     launch_rmsnorm(x_, L.ffn_norm, c.rms_norm_eps, T, D, xn_, st);
-    linear(L.w_gate, xn_, T, gate_);
-    linear(L.w_up, xn_, T, up_);
-    launch_swiglu(gate_, up_, size_t(T) * F, st);
-    linear(L.w_down, gate_, T, xn_);
-    launch_add(x_, xn_, size_t(T) * D, st);
+    mlp_hidden(L, xn_, T, gate_, up_);
+    linear(L.w_down, gate_, T, x_, /*accumulate=*/true);
   }
 
   if (rows > 0) {

@@ -87,16 +87,32 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
   v[b] = xb * c + xa * s;
 }
 
-__global__ void store_kv_kernel(const float* k, const float* v, int T, int Hkv, int hd, float* kc, float* vc, int max_tokens, const int* n_past_p) {
+// Rotates the chunk's queries [T, H, hd] in place and its keys [T, Hkv, hd] into this layer's cache
+// at rows n_past + t, with the values beside them: one thread per rotary pair of a q or k head.
+__global__ void rope_store_kernel(RopeStoreArgs a) {
+  const int half = a.hd / 2, heads = a.H + a.Hkv;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size_t(T) * Hkv * hd) return;
-  const int n_past = *n_past_p;
-  const int d = int(i % hd);
-  const int h = int((i / hd) % Hkv);
-  const int t = int(i / (size_t(hd) * Hkv));
-  const size_t dst = (size_t(h) * max_tokens + n_past + t) * hd + d;
-  kc[dst] = k[i];
-  vc[dst] = v[i];
+  if (i >= size_t(a.T) * heads * half) return;
+  const int p = int(i % half);
+  const int h = int((i / half) % heads);
+  const int t = int(i / (size_t(half) * heads));
+  const int ia = a.interleaved ? 2 * p : p, ib = a.interleaved ? 2 * p + 1 : p + half;
+  const float c = a.cos[size_t(t) * half + p], s = a.sin[size_t(t) * half + p];
+  if (h < a.H) {
+    float* q = a.q + (size_t(t) * a.H + h) * a.hd;
+    const float qa = q[ia], qb = q[ib];
+    q[ia] = qa * c - qb * s;
+    q[ib] = qb * c + qa * s;
+    return;
+  }
+  const int kh = h - a.H;
+  const size_t src = (size_t(t) * a.Hkv + kh) * a.hd;
+  const size_t dst = (size_t(kh) * a.max_tokens + *a.n_past + t) * a.hd;
+  const float ka = a.k[src + ia], kb = a.k[src + ib];
+  a.k_cache[dst + ia] = ka * c - kb * s;
+  a.k_cache[dst + ib] = kb * c + ka * s;
+  a.v_cache[dst + ia] = a.v[src + ia];
+  a.v_cache[dst + ib] = a.v[src + ib];
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, size_t n) {
@@ -106,24 +122,24 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t n) {
   gate[i] = g / (1.f + expf(-g)) * up[i];
 }
 
-__global__ void add_kernel(float* x, const float* y, size_t n) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += y[i];
-}
-
 __global__ void scale_kernel(float* x, float a, size_t n) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= a;
 }
 
-__global__ void to_f16_kernel(const float* x, size_t n, __half* out) {
+// x = hi + lo in a half type: a GEMM of each against half-precision weights, summed, sees the
+// activations to ~16 significant bits (a single rounding to BF16 keeps 8), as the CPU's fp32 does.
+template <class Half>
+__global__ void split_half_kernel(const float* x, size_t n, Half* hi, Half* lo) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2half_rn(x[i]);
-}
-
-__global__ void to_bf16_kernel(const float* x, size_t n, __nv_bfloat16* out) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+  if (i >= n) return;
+  if constexpr (std::is_same<Half, __half>::value) {
+    hi[i] = __float2half_rn(x[i]);
+    lo[i] = __float2half_rn(x[i] - __half2float(hi[i]));
+  } else {
+    hi[i] = __float2bfloat16_rn(x[i]);
+    lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi[i]));
+  }
 }
 
 __global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out) {
@@ -134,11 +150,16 @@ __global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out
 }
 
 // --- GEMV: one warp per weight row, T ≤ kGemvMaxTokens tokens at once -------------------------
+//
+// Decode is bound by streaming the weights from HBM once per token, so each lane keeps kGemvLoads
+// 16-byte loads in flight (one load at a time leaves most of the bandwidth unused), the loads
+// bypass L1 (each weight is read once), and the input rows, read by every warp, stay cached.
 
-// 8 consecutive half-precision weights as fp32, from one 16-byte load.
+constexpr int kGemvLoads = 4;
+
+// 8 half-precision weights from one 16-byte load, as fp32.
 template <class Half>
-__device__ __forceinline__ void load8(const Half* p, float (&w)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
   const Half* h = reinterpret_cast<const Half*>(&raw);
 #pragma unroll
   for (int j = 0; j < 8; j++) {
@@ -148,38 +169,38 @@ __device__ __forceinline__ void load8(const Half* p, float (&w)[8]) {
 }
 
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
-template <class Half>
-__global__ void gemv_half_kernel(const Half* W, int rows, int cols, const float* x, int T, float* y) {
-  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const Half* wr = W + size_t(r) * cols;
-  float acc[kGemvMaxTokens] = {};
-  for (int c = lane * 8; c < cols; c += 32 * 8) {
-    float w[8];
-    load8(wr + c, w);
-    for (int t = 0; t < T; t++) {
-      const float4 x0 = *reinterpret_cast<const float4*>(x + size_t(t) * cols + c);
-      const float4 x1 = *reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4);
-      acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+template <class Half, int T>
+__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, int lane, float (&acc)[T]) {
+  constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
+  for (int c0 = lane * 8; c0 < cols; c0 += kStride * kGemvLoads) {
+    uint4 raw[kGemvLoads];
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; u++)
+      raw[u] = c0 + u * kStride < cols ? __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * kStride)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; u++) {
+      const int c = c0 + u * kStride;
+      if (c >= cols) break;
+      float w[8];
+      unpack8<Half>(raw[u], w);
+#pragma unroll
+      for (int t = 0; t < T; t++) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4));
+        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+      }
     }
-  }
-  for (int t = 0; t < T; t++) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[size_t(t) * rows + r] = s;
   }
 }
 
 // Q8_0 rows: each lane takes whole 32-weight blocks (scale once, then 32 int8 products).
-__global__ void gemv_q8_kernel(const unsigned char* W, int rows, int cols, const float* x, int T, float* y) {
-  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const int nb = cols / kQ8Block;
-  const unsigned char* wr = W + size_t(r) * nb * kQ8BlockBytes;
-  float acc[kGemvMaxTokens] = {};
-  for (int b = lane; b < nb; b += 32) {
+template <int T>
+__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, int lane, float (&acc)[T]) {
+  for (int b = lane; b < cols / kQ8Block; b += 32) {
     const unsigned char* block = wr + size_t(b) * kQ8BlockBytes;
     const float d = __half2float(*reinterpret_cast<const __half*>(block));
     const signed char* q = reinterpret_cast<const signed char*>(block + 2);
+#pragma unroll
     for (int t = 0; t < T; t++) {
       const float* xb = x + size_t(t) * cols + size_t(b) * kQ8Block;
       float s = 0.f;
@@ -188,25 +209,61 @@ __global__ void gemv_q8_kernel(const unsigned char* W, int rows, int cols, const
       acc[t] += d * s;
     }
   }
+}
+
+// Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
+template <int T>
+__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, int lane, float (&acc)[T]) {
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = 0.f;
+  const size_t off = size_t(r) * W.cols;
+  const bool vec8 = W.cols % 8 == 0;
+  if (W.dtype == DType::BF16 && vec8) {
+    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, lane, acc);
+  } else if (W.dtype == DType::F16 && vec8) {
+    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, lane, acc);
+  } else if (W.dtype == DType::Q8_0) {
+    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, lane, acc);
+  } else {
+    for (int c = lane; c < W.cols; c += 32) {
+      const float w = load_element(W.data, W.dtype, off + c);
+#pragma unroll
+      for (int t = 0; t < T; t++) acc[t] += w * x[size_t(t) * W.cols + c];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
+template <int T>
+__global__ void gemv_kernel(GemvBatch b) {
+  int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  const int lane = threadIdx.x % 32;
+  int p = 0;
+  while (p < b.n_parts - 1 && r >= b.part[p].W.rows) r -= b.part[p++].W.rows;
+  const GemvPart& P = b.part[p];
+  if (r >= P.W.rows) return;
+  float acc[T];
+  row_dot<T>(P.W, r, b.x, lane, acc);
+  if (lane != 0) return;
+  const float bias = P.bias ? P.bias[r] : 0.f;
   for (int t = 0; t < T; t++) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[size_t(t) * rows + r] = s;
+    float& y = P.y[size_t(t) * P.W.rows + r];
+    y = (b.accumulate ? y : 0.f) + acc[t] + bias;
   }
 }
 
-// Any dtype and length, one element at a time: F32 weights and odd row lengths.
-__global__ void gemv_any_kernel(const void* W, DType dt, int rows, int cols, const float* x, int T, float* y) {
+// out[t, r] = silu(Wg[r] · x[t]) · (Wu[r] · x[t]): the MLP's two projections and its gate in one pass.
+template <int T>
+__global__ void gemv_swiglu_kernel(DeviceMatrix Wg, DeviceMatrix Wu, const float* x, float* out) {
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  float acc[kGemvMaxTokens] = {};
-  for (int c = lane; c < cols; c += 32) {
-    const float w = load_element(W, dt, size_t(r) * cols + c);
-    for (int t = 0; t < T; t++) acc[t] += w * x[size_t(t) * cols + c];
-  }
-  for (int t = 0; t < T; t++) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[size_t(t) * rows + r] = s;
-  }
+  if (r >= Wg.rows) return;
+  float g[T], u[T];
+  row_dot<T>(Wg, r, x, lane, g);
+  row_dot<T>(Wu, r, x, lane, u);
+  if (lane != 0) return;
+  for (int t = 0; t < T; t++) out[size_t(t) * Wg.rows + r] = g[t] / (1.f + expf(-g[t])) * u[t];
 }
 
 // --- Attention ----------------------------------------------------------------------------
@@ -433,19 +490,13 @@ void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const f
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens, const int* n_past,
-                     cudaStream_t s) {
-  store_kv_kernel<<<blocks_for(size_t(T) * Hkv * hd), kThreads, 0, s>>>(k, v, T, Hkv, hd, k_cache, v_cache, max_tokens, n_past);
+void launch_rope_store(const RopeStoreArgs& a, cudaStream_t s) {
+  rope_store_kernel<<<blocks_for(size_t(a.T) * (a.H + a.Hkv) * (a.hd / 2)), kThreads, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
 }
 
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s) {
   swiglu_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, n);
-  DKI_CUDA_LAUNCHED();
-}
-
-void launch_add(float* x, const float* y, size_t n, cudaStream_t s) {
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
   DKI_CUDA_LAUNCHED();
 }
 
@@ -455,10 +506,12 @@ void launch_scale(float* x, float a, size_t n, cudaStream_t s) {
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_to_half(const float* x, size_t n, DType to, void* out, cudaStream_t s) {
-  if (to == DType::F16) to_f16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__half*>(out));
-  else if (to == DType::BF16) to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__nv_bfloat16*>(out));
-  else throw Error(std::string("launch_to_half: cannot convert to ") + dtype_name(to));
+void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, cudaStream_t s) {
+  if (to == DType::F16)
+    split_half_kernel<__half><<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__half*>(hi), static_cast<__half*>(lo));
+  else if (to == DType::BF16)
+    split_half_kernel<__nv_bfloat16><<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+  else throw Error(std::string("launch_split_half: cannot convert to ") + dtype_name(to));
   DKI_CUDA_LAUNCHED();
 }
 
@@ -467,18 +520,35 @@ void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t 
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_gemv(const DeviceMatrix& W, const float* x, int T, float* y, cudaStream_t s) {
-  if (T < 1 || T > kGemvMaxTokens) throw Error("launch_gemv: " + std::to_string(T) + " tokens (at most " + std::to_string(kGemvMaxTokens) + ")");
-  const unsigned grid = blocks_for(size_t(W.rows) * 32);
-  const bool vec8 = W.cols % 8 == 0;
-  if (W.dtype == DType::F16 && vec8)
-    gemv_half_kernel<__half><<<grid, kThreads, 0, s>>>(static_cast<const __half*>(W.data), W.rows, W.cols, x, T, y);
-  else if (W.dtype == DType::BF16 && vec8)
-    gemv_half_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(W.data), W.rows, W.cols, x, T, y);
-  else if (W.dtype == DType::Q8_0)
-    gemv_q8_kernel<<<grid, kThreads, 0, s>>>(static_cast<const unsigned char*>(W.data), W.rows, W.cols, x, T, y);
-  else
-    gemv_any_kernel<<<grid, kThreads, 0, s>>>(W.data, W.dtype, W.rows, W.cols, x, T, y);
+// Calls f(std::integral_constant<int, T>{}): the GEMV kernels take T as a compile-time loop bound.
+template <class F>
+void with_tokens(int T, const char* what, F f) {
+  static_assert(kGemvMaxTokens == 4, "a case for every T up to kGemvMaxTokens");
+  switch (T) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+  }
+  throw Error(std::string(what) + ": " + std::to_string(T) + " tokens (1 to " + std::to_string(kGemvMaxTokens) + ")");
+}
+
+void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
+  if (b.n_parts < 1 || b.n_parts > kGemvParts) throw Error("launch_gemv: " + std::to_string(b.n_parts) + " parts");
+  size_t rows = 0;
+  for (int p = 0; p < b.n_parts; p++) {
+    if (b.part[p].W.cols != b.cols) throw Error("launch_gemv: the parts' row lengths differ");
+    rows += b.part[p].W.rows;
+  }
+  const unsigned grid = blocks_for(rows * 32);
+  with_tokens(T, "launch_gemv", [&](auto t) { gemv_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(b); });
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_gemv_swiglu(const DeviceMatrix& Wg, const DeviceMatrix& Wu, const float* x, int T, float* out, cudaStream_t s) {
+  if (Wg.rows != Wu.rows || Wg.cols != Wu.cols) throw Error("launch_gemv_swiglu: gate and up shapes differ");
+  const unsigned grid = blocks_for(size_t(Wg.rows) * 32);
+  with_tokens(T, "launch_gemv_swiglu", [&](auto t) { gemv_swiglu_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(Wg, Wu, x, out); });
   DKI_CUDA_LAUNCHED();
 }
 

@@ -23,21 +23,49 @@ constexpr int kGemvMaxTokens = 4;
 void launch_embed(const DeviceMatrix& E, const int32_t* tokens, int T, float* x, cudaStream_t s);
 void launch_rmsnorm(const float* x, const float* w, float eps, int T, int D, float* out, cudaStream_t s);
 void launch_add_bias(float* y, const float* b, int T, int n, cudaStream_t s);
-// cos/sin: [T, hd/2], the angles of each token's position.
+// Rotary embedding of a chunk's queries (in place) and keys, which go with the values into one
+// layer's cache [Hkv, max_tokens, hd] at rows n_past..n_past+T-1. n_past is read from device
+// memory, so a captured CUDA graph replays with each step's value.
+struct RopeStoreArgs {
+  float* q = nullptr;        // [T, H, hd]
+  const float* k = nullptr;  // [T, Hkv, hd]
+  const float* v = nullptr;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  const float* cos = nullptr;  // [T, hd/2]: the angles of each token's position
+  const float* sin = nullptr;
+  const int* n_past = nullptr;
+  int T = 0, H = 0, Hkv = 0, hd = 0, max_tokens = 0;
+  bool interleaved = false;
+};
+void launch_rope_store(const RopeStoreArgs& a, cudaStream_t s);
+// cos/sin: [T, hd/2]. Rotates x [T, n_heads, hd] in place (a K/V block's keys being remapped).
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s);
-// k, v [T, Hkv, hd] → one layer's cache [Hkv, max_tokens, hd] at rows n_past..n_past+T-1.
-// n_past is read from device memory, so a captured CUDA graph replays with each step's value.
-void launch_store_kv(const float* k, const float* v, int T, int Hkv, int hd, float* k_cache, float* v_cache, int max_tokens,
-                     const int* n_past, cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
-void launch_add(float* x, const float* y, size_t n, cudaStream_t s);
 void launch_scale(float* x, float a, size_t n, cudaStream_t s);
-// fp32 → F16 or BF16 (the GEMM input of a half-precision weight).
-void launch_to_half(const float* x, size_t n, DType to, void* out, cudaStream_t s);
+// fp32 → hi + lo in F16 or BF16 (the two GEMM inputs that carry an activation past a half weight).
+void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, cudaStream_t s);
 // Q8_0 blocks → F16 (a Q8_0 weight's GEMM operand in prefill).
 void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t s);
-// y[t, r] = W[r, :] · x[t, :] for T ≤ kGemvMaxTokens, fp32 accumulation, any weight dtype.
-void launch_gemv(const DeviceMatrix& W, const float* x, int T, float* y, cudaStream_t s);
+
+// Decode projections, T ≤ kGemvMaxTokens: y[t, r] (+)= W[r, :] · x[t, :] + bias[r] with fp32
+// accumulation, for up to kGemvParts matrices of one input in one launch (q, k and v).
+struct GemvPart {
+  DeviceMatrix W;
+  const float* bias = nullptr;  // [W.rows] or null
+  float* y = nullptr;           // [T, W.rows]
+};
+constexpr int kGemvParts = 3;
+struct GemvBatch {
+  GemvPart part[kGemvParts];
+  int n_parts = 0;
+  int cols = 0;               // every part's W.cols
+  const float* x = nullptr;   // [T, cols]
+  bool accumulate = false;    // y += (the residual stream) instead of y =
+};
+void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
+// out[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]): the MLP's hidden layer in one pass.
+void launch_gemv_swiglu(const DeviceMatrix& Wg, const DeviceMatrix& Wu, const float* x, int T, float* out, cudaStream_t s);
 
 // Causal attention of T queries over [segment columns ; cached own tokens ; the chunk so far].
 struct AttentionArgs {
@@ -53,7 +81,7 @@ struct AttentionArgs {
   const float* k_cache = nullptr;  // this layer's [Hkv, max_tokens, hd]
   const float* v_cache = nullptr;
   int max_tokens = 0;
-  const int* n_past = nullptr;  // in device memory (see launch_store_kv)
+  const int* n_past = nullptr;  // in device memory (see RopeStoreArgs)
   int T = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.f;
   float* entropy = nullptr;  // [H]: attention entropy of the last query, or null
