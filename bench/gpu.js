@@ -49,6 +49,21 @@ const copy = smoke ? null : transformers(["--copy-bandwidth"], notes);
 const copyGBs = copy?.copy_gb_s ?? null;
 const rows = [];
 
+/** Writes the rows so far: a run cut short (the 8B shape is long) keeps the models it finished. */
+function save() {
+  writeResults(smoke ? "gpu-smoke" : "gpu-cuda", {
+    machine: { ...machine(native()), gpu: cuda.names[0] },
+    columns: Object.keys(rows[0]),
+    rows,
+    notes: [
+      `GPU: ${cuda.names[0]}; device copy bandwidth ${copyGBs ? copyGBs.toFixed(0) + " GB/s (read + write, torch copy_ of 2 GiB)" : "not measured"}.`,
+      `BF16 weights, batch 1; decode = ${DECODE} tokens after a 16-token prompt; transformers runs the same folders in bfloat16 with its own K/V cache.`,
+      `TTFT: a ${PROMPT}-token prompt with a ${MEMORY}-token memory, injected as a precomputed K/V block vs prepended as text.`,
+      ...notes,
+    ],
+  });
+}
+
 for (const preset of presets) {
   const dir = await benchModel(preset, "bf16");
   const model = await Model.load(dir, { device, contextSize: PREFILL[1] + DECODE + 16 });
@@ -125,17 +140,7 @@ for (const preset of presets) {
     row[`decode vs ${attn}`] = t ? `${(decodeTokS / t.decode_tok_s).toFixed(2)}×` : "n/a";
   }
   rows.push(row);
+  save();
   process.stderr.write(`${preset}: ${JSON.stringify(row)}\n`);
 }
 
-writeResults(smoke ? "gpu-smoke" : "gpu-cuda", {
-  machine: { ...machine(native()), gpu: cuda.names[0] },
-  columns: Object.keys(rows[0]),
-  rows,
-  notes: [
-    `GPU: ${cuda.names[0]}; device copy bandwidth ${copyGBs ? copyGBs.toFixed(0) + " GB/s (read + write, torch copy_ of 2 GiB)" : "not measured"}.`,
-    `BF16 weights, batch 1; decode = ${DECODE} tokens after a 16-token prompt; transformers runs the same folders in bfloat16 with its own K/V cache.`,
-    `TTFT: a ${PROMPT}-token prompt with a ${MEMORY}-token memory, injected as a precomputed K/V block vs prepended as text.`,
-    ...notes,
-  ],
-});

@@ -71,5 +71,7 @@ class Context {
 
 // Largest number of tokens processed in one pass; longer inputs are split.
 constexpr int kMaxChunk = 256;
+// The same on the CUDA backend, whose GEMMs and attention need many tokens at once to fill the GPU.
+constexpr int kMaxCudaChunk = 1024;
 
 }  // namespace dki

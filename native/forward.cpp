@@ -149,9 +149,14 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
   cancel_.store(false);
   const size_t V = c.vocab_size;
   logits.assign(mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? V : V * n, 0.f);
+#ifdef DKI_CUDA
+  const int max_chunk = cuda_ ? kMaxCudaChunk : kMaxChunk;
+#else
+  const int max_chunk = kMaxChunk;
+#endif
   for (int done = 0; done < n;) {
     if (cancel_.load()) throw Error("cancelled");
-    const int T = std::min(kMaxChunk, n - done);
+    const int T = std::min(max_chunk, n - done);
     const bool last_chunk = done + T == n;
     float* out = nullptr;
     LogitsMode chunk_mode = LogitsMode::None;

@@ -13,9 +13,10 @@ import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
 
 const gpu = native().cuda().devices > 0;
 const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(...a.map((row, i) => maxAbsDiff(row, b[i])));
-// Prompts long enough for the GEMM path (more than 4 tokens) and, with 300, two chunks.
+// Prompts long enough for the GEMM path (more than 4 tokens) and, with 1100, two chunks on the
+// GPU (1024 tokens each) and five on the CPU (256).
 const prompt = Array.from({ length: 40 }, (_, i) => (i * 977 + 13) % 49152);
-const longPrompt = Array.from({ length: 300 }, (_, i) => (i * 7919 + 5) % 49152);
+const longPrompt = Array.from({ length: 1100 }, (_, i) => (i * 7919 + 5) % 49152);
 const memory = [3, 1200, 77, 4501, 9, 18000, 256, 31, 40000, 12, 600, 7];
 
 /** Logits of the prompt, then of 8 single-token steps (the GEMV path), on one context. The steps
@@ -45,8 +46,8 @@ describe.skipIf(!gpu)("CUDA backend", () => {
     beforeAll(async () => {
       const dir = tempDir();
       await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16, hiddenSize: 96 } });
-      cpu = await Model.load(dir, { contextSize: 512 });
-      cuda = await Model.load(dir, { contextSize: 512, device: "cuda" });
+      cpu = await Model.load(dir, { contextSize: 1200 });
+      cuda = await Model.load(dir, { contextSize: 1200, device: "cuda" });
     });
     afterAll(() => {
       cpu.dispose();
@@ -62,7 +63,7 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(tol);
     });
 
-    test(`a 300-token prompt (two chunks) within ${tol}`, async () => {
+    test(`a 1100-token prompt (chunks of 1024 on the GPU, 256 on the CPU) within ${tol}`, async () => {
       expect(maxRowDiff(await cpu.logits(longPrompt), await cuda.logits(longPrompt))).toBeLessThan(tol);
     });
 

@@ -68,6 +68,8 @@ interface Variant {
   types: GgufOutType[];
   /** Lower bounds on free-running agreement, where the model is calm enough for one to hold. */
   freeRunning?: Partial<Record<GgufOutType, number>>;
+  /** Lower bounds on step-by-step agreement above the 95%, where the model is calm. */
+  stepwise?: Partial<Record<GgufOutType, number>>;
   tokenizer: boolean;
 }
 
@@ -84,7 +86,11 @@ const VARIANTS: Variant[] = [
   // agree on ~70% free running, and step by step this engine agrees with llama.cpp on ≥ 95%.
   {
     label: "llama smollm2-135m shape, gains 1", arch: "llama", preset: "smollm2-135m", gains: { qk: 1, residual: 1 }, types: ["f16", "q8_0"], tokenizer: false,
-    freeRunning: { f16: 0.95 },
+    // F16 free running: >= 95% on the Zen 4 this was written on, 87.8% on one with AVX-VNNI too
+    // (llama.cpp picks its kernels by CPU feature): a single near-tie flip at token 25 of one prompt, the other
+    // four identical, 99.7% step by step. One flip in 5 × 64 tokens is what the bar allows.
+    freeRunning: { f16: 0.85 },
+    stepwise: { f16: 0.99 },
   },
   // Trained models, with their own byte-level BPE tokenizer. Step by step they agree with
   // llama.cpp on ~99% for F16 and Q8_0 alike. Free running is reported only: a trained model this
@@ -213,7 +219,7 @@ describe.skipIf("error" in loaded).each(VARIANTS.map((v) => [v.label, v] as cons
     // free running, so free-running agreement is reported, not asserted, except for F32 where
     // both engines compute in fp32 and only summation order (and llama.cpp's fp16 K/V cache)
     // differ.
-    expect(stepwise).toBeGreaterThanOrEqual(0.95);
+    expect(stepwise).toBeGreaterThanOrEqual(v.stepwise?.[type] ?? 0.95);
     if (type === "f32") expect(freeRunning).toBeGreaterThanOrEqual(0.95);
     const bar = v.freeRunning?.[type];
     if (bar !== undefined) expect(freeRunning).toBeGreaterThanOrEqual(bar);

@@ -62,7 +62,7 @@ class CudaForward {
   // Uploads the segments' K/V; the same blocks set again (other α allowed) are not copied again.
   void set_segments(const std::vector<Segment>& segments);
 
-  // Runs T ≤ kMaxChunk tokens at positions pos0.. after n_past cached ones. logits receives the
+  // Runs T ≤ kMaxCudaChunk tokens at positions pos0.. after n_past cached ones. logits receives the
   // last row (rows == 1) or every row (rows == T), or nothing (rows == 0). When probe is not
   // null it receives each query head's attention entropy at the chunk's last token in layer
   // probe_layer.

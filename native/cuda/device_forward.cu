@@ -1,8 +1,8 @@
 // The forward pass on a GPU: the same stages as forward.cpp, in the same order, on device
 // buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once,
-// with q/k/v in one launch, the MLP's gate in its projections and the residual adds in the
-// output projections; longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode
-// step is still 9 launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
+// with q/k/v in one launch, the RMSNorms folded into the projections that read them, the MLP's
+// gate in its projections and the residual adds in the output projections; longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode
+// step is still 7 launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
 // (n_past, token ids, rotary angles) live in device memory that one copy refreshes per step.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -35,7 +35,7 @@ struct CudaForward::Impl {
   // A chunk's inputs, packed as StepLayout says, and their page-locked host staging.
   DeviceBuffer step;
   PinnedBuffer step_host;
-  // Scratch for one chunk of up to kMaxChunk tokens.
+  // Scratch for one chunk of up to kMaxCudaChunk tokens (fewer if the context is shorter).
   DeviceBuffer x, xn, q, k, v, attn, gate, up, logits, probe;
   DeviceBuffer attn_partial;  // split-K attention state of decode steps
   DeviceBuffer x_half;   // a GEMM's input in the weight's half type
@@ -126,16 +126,18 @@ struct CudaForward::Impl {
                                   CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // q, k, v = Wq·xn (+ bias), Wk·xn, Wv·xn: one GEMV launch in decode, three GEMMs in prefill.
-  void project_qkv(const CudaWeights::Layer& L, const float* xn, int T, float* q, float* k, float* v) {
+  // q, k, v = Wq·xn (+ bias), Wk·xn, Wv·xn for xn = rmsnorm(x): in decode one GEMV launch that
+  // normalises as it reads x; in prefill the norm into xn, then three GEMMs.
+  void project_qkv(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* q, float* k, float* v) {
     if (T <= kGemvMaxTokens) {
       GemvBatch b;
       b.part[0] = {L.wq, L.bq, q};
       b.part[1] = {L.wk, L.bk, k};
       b.part[2] = {L.wv, L.bv, v};
-      b.n_parts = 3, b.cols = L.wq.cols, b.x = xn;
+      b.n_parts = 3, b.cols = L.wq.cols, b.x = x, b.norm = L.attn_norm, b.eps = cfg.rms_norm_eps;
       return launch_gemv(b, T, stream);
     }
+    launch_rmsnorm(x, L.attn_norm, cfg.rms_norm_eps, T, cfg.hidden_size, xn, stream);
     linear(L.wq, xn, T, q);
     linear(L.wk, xn, T, k);
     linear(L.wv, xn, T, v);
@@ -146,9 +148,17 @@ struct CudaForward::Impl {
     }
   }
 
-  // gate = silu(W_gate·xn) ⊙ (W_up·xn): one GEMV launch in decode; two GEMMs and the gate in prefill.
-  void mlp_hidden(const CudaWeights::Layer& L, const float* xn, int T, float* gate, float* up) {
-    if (T <= kGemvMaxTokens) return launch_gemv_swiglu(L.w_gate, L.w_up, xn, T, gate, stream);
+  // gate = silu(W_gate·xn) ⊙ (W_up·xn) for xn = rmsnorm(x): one GEMV launch in decode; the
+  // norm, two GEMMs and the gate in prefill.
+  void mlp_hidden(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* gate, float* up) {
+    if (T <= kGemvMaxTokens) {
+      GemvBatch b;
+      b.part[0] = {L.w_gate, nullptr, gate};
+      b.part[1] = {L.w_up, nullptr, up};
+      b.n_parts = 2, b.cols = L.w_gate.cols, b.x = x, b.norm = L.ffn_norm, b.eps = cfg.rms_norm_eps;
+      return launch_gemv_swiglu(b, T, stream);
+    }
+    launch_rmsnorm(x, L.ffn_norm, cfg.rms_norm_eps, T, cfg.hidden_size, xn, stream);
     linear(L.w_gate, xn, T, gate);
     linear(L.w_up, xn, T, up);
     launch_swiglu(gate, up, size_t(T) * L.w_gate.rows, stream);
@@ -169,12 +179,12 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   // Plain fp32 math in F32 GEMMs (no TF32), so F32 models match the CPU to ~1e-5.
   DKI_CUBLAS_CHECK(cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH));
 
-  const size_t f = sizeof(float), T = kMaxChunk;
+  const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
   const size_t cache = size_t(c.n_layers) * kvd * max_tokens * f;
   s.k_cache.allocate(cache, "the context's K cache");
   s.v_cache.allocate(cache, "the context's V cache");
-  const Impl::StepLayout step = s.step_layout(kMaxChunk);
+  const Impl::StepLayout step = s.step_layout(int(T));
   s.step.allocate(step.bytes, "a chunk's inputs");
   s.step_host.allocate(step.bytes, "a chunk's inputs");
   s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
@@ -280,8 +290,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
   for (int l = 0; l < c.n_layers; l++) {
     const CudaWeights::Layer& L = W.layers[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
-    launch_rmsnorm(x_, L.attn_norm, c.rms_norm_eps, T, D, xn_, st);
-    project_qkv(L, xn_, T, q_, k_, v_);
+    project_qkv(L, x_, xn_, T, q_, k_, v_);
     RopeStoreArgs r;
     r.q = q_, r.k = k_, r.v = v_;
     a.k_cache = r.k_cache = cache_layer(k_cache, l);
@@ -299,8 +308,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     linear(L.wo, attn_, T, x_, /*accumulate=*/true);
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
-    launch_rmsnorm(x_, L.ffn_norm, c.rms_norm_eps, T, D, xn_, st);
-    mlp_hidden(L, xn_, T, gate_, up_);
+    mlp_hidden(L, x_, xn_, T, gate_, up_);
     linear(L.w_down, gate_, T, x_, /*accumulate=*/true);
   }
 

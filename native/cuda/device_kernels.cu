@@ -170,7 +170,8 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
 template <class Half, int T>
-__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, int lane, float (&acc)[T]) {
+// g: the RMSNorm gains folded into the input (x ⊙ g), or null.
+__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T]) {
   constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
   for (int c0 = lane * 8; c0 < cols; c0 += kStride * kGemvLoads) {
     uint4 raw[kGemvLoads];
@@ -183,6 +184,10 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
       if (c >= cols) break;
       float w[8];
       unpack8<Half>(raw[u], w);
+      if (g) {
+        const float4 g0 = __ldg(reinterpret_cast<const float4*>(g + c)), g1 = __ldg(reinterpret_cast<const float4*>(g + c + 4));
+        w[0] *= g0.x, w[1] *= g0.y, w[2] *= g0.z, w[3] *= g0.w, w[4] *= g1.x, w[5] *= g1.y, w[6] *= g1.z, w[7] *= g1.w;
+      }
 #pragma unroll
       for (int t = 0; t < T; t++) {
         const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
@@ -195,7 +200,7 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
 
 // Q8_0 rows: each lane takes whole 32-weight blocks (scale once, then 32 int8 products).
 template <int T>
-__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, int lane, float (&acc)[T]) {
+__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T]) {
   for (int b = lane; b < cols / kQ8Block; b += 32) {
     const unsigned char* block = wr + size_t(b) * kQ8BlockBytes;
     const float d = __half2float(*reinterpret_cast<const __half*>(block));
@@ -205,7 +210,7 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
       const float* xb = x + size_t(t) * cols + size_t(b) * kQ8Block;
       float s = 0.f;
 #pragma unroll
-      for (int j = 0; j < kQ8Block; j++) s += float(q[j]) * xb[j];
+      for (int j = 0; j < kQ8Block; j++) s += float(q[j]) * xb[j] * (g ? g[size_t(b) * kQ8Block + j] : 1.f);
       acc[t] += d * s;
     }
   }
@@ -213,26 +218,43 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
 
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
 template <int T>
-__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, int lane, float (&acc)[T]) {
+__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T]) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
   const size_t off = size_t(r) * W.cols;
   const bool vec8 = W.cols % 8 == 0;
   if (W.dtype == DType::BF16 && vec8) {
-    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, lane, acc);
+    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc);
   } else if (W.dtype == DType::F16 && vec8) {
-    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, lane, acc);
+    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc);
   } else if (W.dtype == DType::Q8_0) {
-    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, lane, acc);
+    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, g, lane, acc);
   } else {
     for (int c = lane; c < W.cols; c += 32) {
-      const float w = load_element(W.data, W.dtype, off + c);
+      const float w = load_element(W.data, W.dtype, off + c) * (g ? g[c] : 1.f);
 #pragma unroll
       for (int t = 0; t < T; t++) acc[t] += w * x[size_t(t) * W.cols + c];
     }
   }
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// 1 / rms(x[t]) of each input row when the batch folds an RMSNorm in (else 1): every warp
+// computes it for itself from the rows, which its dot products read anyway.
+template <int T>
+__device__ __forceinline__ void input_scale(const GemvBatch& b, int lane, float (&inv)[T]) {
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    inv[t] = 1.f;
+    if (!b.norm) continue;
+    float ss = 0.f;
+    for (int c = lane; c < b.cols; c += 32) {
+      const float v = __ldg(b.x + size_t(t) * b.cols + c);
+      ss += v * v;
+    }
+    inv[t] = rsqrtf(warp_sum(ss) / b.cols + b.eps);
+  }
 }
 
 // Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
@@ -244,26 +266,33 @@ __global__ void gemv_kernel(GemvBatch b) {
   while (p < b.n_parts - 1 && r >= b.part[p].W.rows) r -= b.part[p++].W.rows;
   const GemvPart& P = b.part[p];
   if (r >= P.W.rows) return;
-  float acc[T];
-  row_dot<T>(P.W, r, b.x, lane, acc);
+  float acc[T], inv[T];
+  input_scale<T>(b, lane, inv);
+  row_dot<T>(P.W, r, b.x, b.norm, lane, acc);
   if (lane != 0) return;
   const float bias = P.bias ? P.bias[r] : 0.f;
   for (int t = 0; t < T; t++) {
     float& y = P.y[size_t(t) * P.W.rows + r];
-    y = (b.accumulate ? y : 0.f) + acc[t] + bias;
+    y = (b.accumulate ? y : 0.f) + acc[t] * inv[t] + bias;
   }
 }
 
-// out[t, r] = silu(Wg[r] · x[t]) · (Wu[r] · x[t]): the MLP's two projections and its gate in one pass.
+// part[0].y[t, r] = silu(Wg[r] · x[t]) · (Wu[r] · x[t]) with part[0] the gate and part[1] the up
+// projection: the MLP's two projections and its gate in one pass.
 template <int T>
-__global__ void gemv_swiglu_kernel(DeviceMatrix Wg, DeviceMatrix Wu, const float* x, float* out) {
+__global__ void gemv_swiglu_kernel(GemvBatch b) {
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
   if (r >= Wg.rows) return;
-  float g[T], u[T];
-  row_dot<T>(Wg, r, x, lane, g);
-  row_dot<T>(Wu, r, x, lane, u);
+  float g[T], u[T], inv[T];
+  input_scale<T>(b, lane, inv);
+  row_dot<T>(Wg, r, b.x, b.norm, lane, g);
+  row_dot<T>(Wu, r, b.x, b.norm, lane, u);
   if (lane != 0) return;
-  for (int t = 0; t < T; t++) out[size_t(t) * Wg.rows + r] = g[t] / (1.f + expf(-g[t])) * u[t];
+  for (int t = 0; t < T; t++) {
+    const float gt = g[t] * inv[t];
+    b.part[0].y[size_t(t) * Wg.rows + r] = gt / (1.f + expf(-gt)) * u[t] * inv[t];
+  }
 }
 
 // --- Attention ----------------------------------------------------------------------------
@@ -301,16 +330,8 @@ struct OnlineSoftmax {
   float m = -INFINITY, l = 0.f, es = 0.f;
   float acc[kPerLane] = {};
 
-  // k and v may be in global or shared memory.
-  __device__ __forceinline__ void add(const float (&q)[kPerLane], const float* k, const float* v, float bias, float vscale, float scale,
-                                      int hd, int lane) {
-    float dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; i++) {
-      const int d = lane + 32 * i;
-      if (d < hd) dot += q[i] * k[d];
-    }
-    const float s = warp_sum(dot) * scale + bias;
+  // Takes column score s (bias included) with value row v (global or shared memory).
+  __device__ __forceinline__ void update(float s, const float* v, float vscale, int hd, int lane) {
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new);  // 0 on the first column (m = −∞)
     const float p = expf(s - m_new);
@@ -323,6 +344,18 @@ struct OnlineSoftmax {
       acc[i] = acc[i] * corr + (d < hd ? pv * v[d] : 0.f);
     }
     m = m_new;
+  }
+
+  // k and v may be in global or shared memory.
+  __device__ __forceinline__ void add(const float (&q)[kPerLane], const float* k, const float* v, float bias, float vscale, float scale,
+                                      int hd, int lane) {
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; i++) {
+      const int d = lane + 32 * i;
+      if (d < hd) dot += q[i] * k[d];
+    }
+    update(warp_sum(dot) * scale + bias, v, vscale, hd, lane);
   }
 };
 
@@ -370,12 +403,29 @@ __global__ void attention_prefill_kernel(AttentionArgs a) {
       if (d == 0) s_bias[j] = col.bias, s_vscale[j] = col.vscale;
     }
     __syncthreads();
+    // Column by column for all the warp's queries at once: their dot products and warp sums
+    // are independent, so they interleave instead of waiting on each other's shuffles.
+    for (int j = 0; j < n; j++) {
+      float dot[kQueriesPerWarp];
 #pragma unroll
-    for (int i = 0; i < kQueriesPerWarp; i++) {
-      const int t = t0 + warp + kAttnWarps * i;
-      if (t >= a.T) continue;
-      const int j_end = min(n, base + t + 1 - c0);  // causal
-      for (int j = 0; j < j_end; j++) st[i].add(q[i], sk[j], sv[j], s_bias[j], s_vscale[j], a.scale, hd, lane);
+      for (int i = 0; i < kQueriesPerWarp; i++) {
+        dot[i] = 0.f;
+#pragma unroll
+        for (int r = 0; r < kPerLane; r++) {
+          const int d = lane + 32 * r;
+          if (d < hd) dot[i] += q[i][r] * sk[j][d];
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < kQueriesPerWarp; i++) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], o);
+#pragma unroll
+      for (int i = 0; i < kQueriesPerWarp; i++) {
+        const int t = t0 + warp + kAttnWarps * i;
+        if (t < a.T && c0 + j <= base + t)  // causal
+          st[i].update(dot[i] * a.scale + s_bias[j], sv[j], s_vscale[j], hd, lane);
+      }
     }
   }
 
@@ -447,25 +497,30 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
   const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
   const size_t row = size_t(t) * a.H + h;
   const float* recs = a.partial + row * a.splits * (hd + 3);
-  float M = -INFINITY;
-  for (int z = 0; z < a.splits; z++) M = fmaxf(M, recs[z * (hd + 3)]);
-  float L = 0.f, ES = 0.f;
-  for (int z = 0; z < a.splits; z++) {
-    const float* r = recs + z * (hd + 3);
-    const float f = r[0] == -INFINITY ? 0.f : expf(r[0] - M);
-    L += r[1] * f;
-    ES += r[2] * f;
+  // Each split's weight e^{M_z − M} (0 for an empty split) once, so the loop over the splits
+  // below is independent loads rather than a chain of branches on loaded values.
+  __shared__ float weight[kDecodeSplits];
+  __shared__ float sum_l, sum_es, max_m;
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int z = 0; z < a.splits; z++) M = fmaxf(M, recs[z * (hd + 3)]);
+    float L = 0.f, ES = 0.f;
+    for (int z = 0; z < a.splits; z++) {
+      const float* r = recs + z * (hd + 3);
+      weight[z] = r[0] == -INFINITY ? 0.f : expf(r[0] - M);
+      L += r[1] * weight[z];
+      ES += r[2] * weight[z];
+    }
+    sum_l = L, sum_es = ES, max_m = M;
   }
+  __syncthreads();
   float* op = a.out + row * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.f;
-    for (int z = 0; z < a.splits; z++) {
-      const float* r = recs + z * (hd + 3);
-      if (r[0] != -INFINITY) o += r[3 + d] * expf(r[0] - M);
-    }
-    op[d] = o / L;
+    for (int z = 0; z < a.splits; z++) o += recs[z * (hd + 3) + 3 + d] * weight[z];
+    op[d] = o / sum_l;
   }
-  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(M, L, ES);
+  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(max_m, sum_l, sum_es);
 }
 
 }  // namespace
@@ -545,10 +600,12 @@ void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_gemv_swiglu(const DeviceMatrix& Wg, const DeviceMatrix& Wu, const float* x, int T, float* out, cudaStream_t s) {
-  if (Wg.rows != Wu.rows || Wg.cols != Wu.cols) throw Error("launch_gemv_swiglu: gate and up shapes differ");
+void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
+  const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
+  if (b.n_parts != 2 || Wg.rows != Wu.rows || Wg.cols != b.cols || Wu.cols != b.cols)
+    throw Error("launch_gemv_swiglu: needs a gate and an up projection of one shape");
   const unsigned grid = blocks_for(size_t(Wg.rows) * 32);
-  with_tokens(T, "launch_gemv_swiglu", [&](auto t) { gemv_swiglu_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(Wg, Wu, x, out); });
+  with_tokens(T, "launch_gemv_swiglu", [&](auto t) { gemv_swiglu_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(b); });
   DKI_CUDA_LAUNCHED();
 }
 
@@ -559,7 +616,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
     DKI_CUDA_LAUNCHED();
     return;
   }
-  if (!a.partial) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  if (!a.partial || a.splits > kDecodeSplits) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
   attention_split_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
   attention_combine_kernel<<<dim3(a.T, a.H), 128, 0, s>>>(a);

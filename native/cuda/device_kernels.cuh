@@ -62,10 +62,15 @@ struct GemvBatch {
   int cols = 0;               // every part's W.cols
   const float* x = nullptr;   // [T, cols]
   bool accumulate = false;    // y += (the residual stream) instead of y =
+  // When set, x is the residual stream and each row is RMS-normalised with these gains ([cols])
+  // and eps on the way in: the norm costs no launch and its output no trip through memory.
+  const float* norm = nullptr;
+  float eps = 0.f;
 };
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
-// out[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]): the MLP's hidden layer in one pass.
-void launch_gemv_swiglu(const DeviceMatrix& Wg, const DeviceMatrix& Wu, const float* x, int T, float* out, cudaStream_t s);
+// part[0].y[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]) for part[0] = the gate and
+// part[1] = the up projection (its y unused): the MLP's hidden layer in one pass.
+void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s);
 
 // Causal attention of T queries over [segment columns ; cached own tokens ; the chunk so far].
 struct AttentionArgs {
