@@ -149,11 +149,7 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
   cancel_.store(false);
   const size_t V = c.vocab_size;
   logits.assign(mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? V : V * n, 0.f);
-#ifdef DKI_CUDA
-  const int max_chunk = cuda_ ? kMaxCudaChunk : kMaxChunk;
-#else
-  const int max_chunk = kMaxChunk;
-#endif
+  const int max_chunk = cuda_ ? kMaxCudaChunk : kMaxChunk;  // cuda_ is null in CPU-only builds
   for (int done = 0; done < n;) {
     if (cancel_.load()) throw Error("cancelled");
     const int T = std::min(max_chunk, n - done);

@@ -1,9 +1,10 @@
 // The forward pass on a GPU: the same stages as forward.cpp, in the same order, on device
 // buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once,
 // with q/k/v in one launch, the RMSNorms folded into the projections that read them, the MLP's
-// gate in its projections and the residual adds in the output projections; longer chunks (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode
-// step is still 7 launches per layer, so it is captured once as a CUDA graph and replayed: the step's inputs
-// (n_past, token ids, rotary angles) live in device memory that one copy refreshes per step.
+// gate in its projections and the residual adds in the output projections; longer chunks
+// (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode step is still 7 launches per layer,
+// so it is captured once as a CUDA graph and replayed: the step's inputs (n_past, token ids,
+// rotary angles) live in device memory that one copy refreshes per step.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

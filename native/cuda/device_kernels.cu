@@ -71,7 +71,19 @@ __global__ void add_bias_kernel(float* y, const float* b, int T, int n) {
   if (i < size_t(T) * n) y[i] += b[i % n];
 }
 
-// One thread per rotary pair; rotate-half pairs (i, i + hd/2), interleaved pairs (2i, 2i + 1).
+// Rotary pair p of a head: rotate-half pairs (p, p + hd/2), interleaved pairs (2p, 2p + 1).
+struct RotaryPair {
+  int a, b;
+  __device__ RotaryPair(int p, int half, bool interleaved) : a(interleaved ? 2 * p : p), b(interleaved ? 2 * p + 1 : p + half) {}
+  // dst's pair = src's pair rotated by the angle with cosine c and sine s (dst may be src).
+  __device__ __forceinline__ void rotate(const float* src, float* dst, float c, float s) const {
+    const float xa = src[a], xb = src[b];
+    dst[a] = xa * c - xb * s;
+    dst[b] = xb * c + xa * s;
+  }
+};
+
+// One thread per rotary pair.
 __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved) {
   const int half = hd / 2;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -80,11 +92,7 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
   const size_t th = i / half;  // t * n_heads + h
   const int t = int(th / n_heads);
   float* v = x + th * hd;
-  const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
-  const float c = cos[size_t(t) * half + p], s = sin[size_t(t) * half + p];
-  const float xa = v[a], xb = v[b];
-  v[a] = xa * c - xb * s;
-  v[b] = xb * c + xa * s;
+  RotaryPair(p, half, interleaved).rotate(v, v, cos[size_t(t) * half + p], sin[size_t(t) * half + p]);
 }
 
 // Rotates the chunk's queries [T, H, hd] in place and its keys [T, Hkv, hd] into this layer's cache
@@ -96,23 +104,19 @@ __global__ void rope_store_kernel(RopeStoreArgs a) {
   const int p = int(i % half);
   const int h = int((i / half) % heads);
   const int t = int(i / (size_t(half) * heads));
-  const int ia = a.interleaved ? 2 * p : p, ib = a.interleaved ? 2 * p + 1 : p + half;
+  const RotaryPair pair(p, half, a.interleaved);
   const float c = a.cos[size_t(t) * half + p], s = a.sin[size_t(t) * half + p];
   if (h < a.H) {
     float* q = a.q + (size_t(t) * a.H + h) * a.hd;
-    const float qa = q[ia], qb = q[ib];
-    q[ia] = qa * c - qb * s;
-    q[ib] = qb * c + qa * s;
+    pair.rotate(q, q, c, s);
     return;
   }
   const int kh = h - a.H;
   const size_t src = (size_t(t) * a.Hkv + kh) * a.hd;
   const size_t dst = (size_t(kh) * a.max_tokens + *a.n_past + t) * a.hd;
-  const float ka = a.k[src + ia], kb = a.k[src + ib];
-  a.k_cache[dst + ia] = ka * c - kb * s;
-  a.k_cache[dst + ib] = kb * c + ka * s;
-  a.v_cache[dst + ia] = a.v[src + ia];
-  a.v_cache[dst + ib] = a.v[src + ib];
+  pair.rotate(a.k + src, a.k_cache + dst, c, s);
+  a.v_cache[dst + pair.a] = a.v[src + pair.a];
+  a.v_cache[dst + pair.b] = a.v[src + pair.b];
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, size_t n) {
@@ -133,12 +137,13 @@ template <class Half>
 __global__ void split_half_kernel(const float* x, size_t n, Half* hi, Half* lo) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
+  const float v = x[i];
   if constexpr (std::is_same<Half, __half>::value) {
-    hi[i] = __float2half_rn(x[i]);
-    lo[i] = __float2half_rn(x[i] - __half2float(hi[i]));
+    const __half h = __float2half_rn(v);
+    hi[i] = h, lo[i] = __float2half_rn(v - __half2float(h));
   } else {
-    hi[i] = __float2bfloat16_rn(x[i]);
-    lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi[i]));
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi[i] = h, lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
   }
 }
 
@@ -616,7 +621,9 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
     DKI_CUDA_LAUNCHED();
     return;
   }
-  if (!a.partial || a.splits > kDecodeSplits) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  if (!a.partial) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  if (a.splits > kDecodeSplits)
+    throw Error("launch_attention: " + std::to_string(a.splits) + " splits (the combine takes at most " + std::to_string(kDecodeSplits) + ")");
   attention_split_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
   attention_combine_kernel<<<dim3(a.T, a.H), 128, 0, s>>>(a);
