@@ -869,7 +869,19 @@ Napi::Value Simd(const Napi::CallbackInfo& info) {
   Napi::Array a = Napi::Array::New(env, names.size());
   for (size_t i = 0; i < names.size(); i++) a.Set(uint32_t(i), names[i]);
   o.Set("available", a);
+  o.Set("prefetchBytes", prefetch_bytes());
   return o;
+}
+
+Napi::Value SetPrefetch(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setPrefetch(bytes: number)");
+  const double bytes = info[0].As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(bytes) || bytes != std::floor(bytes) || bytes < 0 || bytes > kMaxPrefetchBytes)
+    throw Napi::RangeError::New(env, "setPrefetch: bytes must be an integer from 0 to " + std::to_string(kMaxPrefetchBytes));
+  std::lock_guard<std::mutex> lock(g_compute);
+  set_prefetch_bytes(int(bytes));
+  return env.Undefined();
 }
 
 // cuda() → { built, devices, names, reason }: whether this addon has the CUDA backend and which
@@ -899,7 +911,8 @@ Napi::Value Cuda(const Napi::CallbackInfo& info) {
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
-  // A DKI_SIMD the CPU cannot honour fails the require, with the reason, before any work runs.
+  // A DKI_SIMD the CPU cannot honour, or a DKI_PREFETCH out of range, fails the require with the
+  // reason before any work runs.
   if (!simd_env_error().empty()) throw Napi::Error::New(env, simd_env_error());
   ModelWrap::Init(env, exports);
   BlockWrap::Init(env, exports);
@@ -915,6 +928,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("kvPoolBytes", Napi::Function::New(env, KVPoolBytes));
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));
   exports.Set("simd", Napi::Function::New(env, Simd));
+  exports.Set("setPrefetch", Napi::Function::New(env, SetPrefetch));
   exports.Set("cuda", Napi::Function::New(env, Cuda));
   return exports;
 }

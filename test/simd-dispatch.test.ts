@@ -1,20 +1,28 @@
 // Kernel selection: every path this CPU can run is listed and selectable, the others are refused
 // by name, and a DKI_SIMD the CPU cannot honour fails the addon's load with the reason instead of
-// crashing a worker thread later.
+// crashing a worker thread later. The decode loops' software prefetch is checked the same way, and
+// must not change a single bit of the logits on any path.
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
-import { describe, expect, test } from "vitest";
-import { native, packageRoot } from "../src/engine/native.js";
+import { afterAll, describe, expect, test } from "vitest";
+import { Model } from "../src/engine/model.js";
+import { LogitsMode, native, packageRoot } from "../src/engine/native.js";
+import { makeTinyModel } from "../src/models/make-tiny.js";
+import { tempDir } from "./support/paths.js";
 
 const ALL = ["scalar", "avx2", "avx512"];
 
-function loadWithEnv(simd: string): { status: number | null; stderr: string; active: string } {
+function loadWithEnv(simd: string, prefetch?: string): { status: number | null; stderr: string; active: string; prefetchBytes: number } {
   const addon = join(packageRoot(), "build", "Release", "dki_native.node");
-  const r = spawnSync(process.execPath, ["-e", `console.log(require(${JSON.stringify(addon)}).simd().active)`], {
-    env: { ...process.env, DKI_SIMD: simd },
+  const env: NodeJS.ProcessEnv = { ...process.env, DKI_SIMD: simd };
+  if (prefetch === undefined) delete env.DKI_PREFETCH;
+  else env.DKI_PREFETCH = prefetch;
+  const r = spawnSync(process.execPath, ["-e", `const s = require(${JSON.stringify(addon)}).simd(); console.log(s.active, s.prefetchBytes)`], {
+    env,
     encoding: "utf8",
   });
-  return { status: r.status, stderr: r.stderr, active: r.stdout.trim() };
+  const [active = "", bytes = "NaN"] = r.stdout.trim().split(" ");
+  return { status: r.status, stderr: r.stderr, active, prefetchBytes: Number(bytes) };
 }
 
 describe("SIMD dispatch", () => {
@@ -44,5 +52,61 @@ describe("SIMD dispatch", () => {
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('DKI_SIMD: unknown SIMD path "avx9000" (expected auto, scalar, avx2 or avx512)');
     expect(() => native().setSimd("avx9000")).toThrow(/unknown SIMD path/);
+  });
+});
+
+describe("decode prefetch distance", () => {
+  const models: Model[] = [];
+  afterAll(() => models.forEach((m) => m.dispose()));
+
+  test("DKI_PREFETCH sets it at load; a bad value fails the load naming it; setPrefetch checks its range", () => {
+    expect(loadWithEnv("auto", "4096").prefetchBytes).toBe(4096);
+    expect(loadWithEnv("auto", "0").prefetchBytes).toBe(0);
+    const def = loadWithEnv("auto").prefetchBytes;
+    expect([0, 8192]).toContain(def); // 8 KiB on Intel cores, 0 elsewhere
+    for (const bad of ["-1", "12abc", "", String(2 ** 21)]) {
+      const r = loadWithEnv("auto", bad);
+      expect(r.status).toBe(1);
+      expect(r.stderr).toContain("DKI_PREFETCH: ");
+    }
+    for (const bad of [-1, 1.5, 2 ** 21, Number.NaN]) expect(() => native().setPrefetch(bad)).toThrow(/setPrefetch: bytes must be an integer from 0 to 1048576/);
+  });
+
+  // Rows longer than the prefetch distance, so the prefetched lines run ahead into the next rows.
+  const shape = { numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 64, hiddenSize: 256, intermediateSize: 1024 };
+  const prompt = [1, 450, 3000, 17, 9021, 44];
+  const weights = [
+    ["f32", "none"],
+    ["f16", "none"],
+    ["bf16", "none"],
+    ["f32", "q8_0"],
+  ] as const;
+
+  test.each(weights)("decode logits are bit-identical with and without prefetching (%s weights, quantize %s), on every SIMD path", async (dtype, quantize) => {
+    const dir = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype, out: dir, seed: 5, overrides: shape });
+    const model = await Model.load(dir, { quantize, contextSize: 16 });
+    models.push(model);
+    const decode = async (): Promise<Float32Array[]> => {
+      const ctx = model.createContext(prompt.length);
+      const out: Float32Array[] = [];
+      for (const t of prompt) out.push((await ctx.eval(Int32Array.of(t), LogitsMode.Last))!);
+      ctx.dispose();
+      return out;
+    };
+    const before = native().simd().prefetchBytes;
+    try {
+      for (const simd of native().simd().available) {
+        native().setSimd(simd);
+        native().setPrefetch(0);
+        const plain = await decode();
+        native().setPrefetch(512);
+        const prefetched = await decode();
+        prefetched.forEach((row, i) => expect(row, `${simd}, token ${i}`).toEqual(plain[i]));
+      }
+    } finally {
+      native().setSimd("auto");
+      native().setPrefetch(before);
+    }
   });
 });

@@ -19,6 +19,7 @@ export function machine(native) {
     memoryGiB: Math.round(totalmem() / 2 ** 30),
     cpuFlags: flags,
     simd: native?.simd().active,
+    prefetchBytes: native?.simd().prefetchBytes,
     threads: native?.getThreads(),
     node: process.version,
     date: new Date().toISOString(),

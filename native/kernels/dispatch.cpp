@@ -1,6 +1,7 @@
 // Picks the kernel table at run time from what the CPU reports, or what DKI_SIMD asks for.
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
 #include "kernels.h"
 
@@ -60,6 +61,39 @@ std::atomic<const Kernels*>& active() {
   return k;
 }
 
+bool cpu_is_intel() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
+int checked_prefetch(long long bytes) {
+  if (bytes < 0 || bytes > kMaxPrefetchBytes)
+    throw Error("prefetch distance " + std::to_string(bytes) + " is out of range (0 to " + std::to_string(kMaxPrefetchBytes) + " bytes)");
+  return int(bytes);
+}
+
+std::atomic<int>& prefetch() {
+  static std::atomic<int> p{[] {
+    const char* env = std::getenv("DKI_PREFETCH");
+    const int fallback = cpu_is_intel() ? 8192 : 0;
+    if (!env) return fallback;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    try {
+      if (*env == '\0' || *end != '\0') throw Error(std::string("\"") + env + "\" is not a byte count");
+      return checked_prefetch(v);
+    } catch (const Error& e) {
+      if (env_error().empty()) env_error() = std::string("DKI_PREFETCH: ") + e.what();
+      return fallback;
+    }
+  }()};
+  return p;
+}
+
 }  // namespace
 
 const Kernels& kernels() { return *active().load(std::memory_order_relaxed); }
@@ -68,8 +102,13 @@ void set_simd(const std::string& name) { active().store(pick(name)); }
 
 const std::string& simd_env_error() {
   active();
+  prefetch();
   return env_error();
 }
+
+int prefetch_bytes() { return prefetch().load(std::memory_order_relaxed); }
+
+void set_prefetch_bytes(int bytes) { prefetch().store(checked_prefetch(bytes)); }
 
 std::vector<std::string> available_simd() {
   std::vector<std::string> out{"scalar"};

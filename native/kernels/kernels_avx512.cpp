@@ -1,6 +1,7 @@
-// AVX-512 VNNI kernels (Zen 4, Ice Lake and later): the Q8_0 prefill matmul with vpdpbusd on
-// eight repacked rows. Everything else, and what is left over, is the AVX2 table's. As there, only functions marked
-// DKI_AVX512 use these instructions (target attribute, never -march).
+// AVX-512 VNNI kernels (Zen 4, Ice Lake and later): the Q8_0 matmul with vpdpbusd, on eight
+// repacked rows for prefill and one streamed row for decode. Everything else, and what is left
+// over, is the AVX2 table's. As there, only functions marked DKI_AVX512 use these instructions
+// (target attribute, never -march).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -119,12 +120,80 @@ DKI_AVX512 void packed_tokens(const PackedBlock* P, int nb, const unsigned char*
   }
 }
 
+// Decode: one row at a time, the single stream of the AVX2 loop, but with one vpdpbusd per block
+// and no shuffle-port work in it. The AVX2 loop converts both fp16 scales and broadcasts their
+// product every block, which on a server Intel core all queue on one port (~10 GB/s of Q8_0 per
+// core; this loop with prefetching streams ~22). Weights enter offset to unsigned, as for prefill;
+// the weight's scale comes from a table of every fp16 value (broadcast straight from memory),
+// the activation's from its prepared block.
+struct alignas(32) DecodeAct {
+  int32_t start[8];  // lane 0: −128·Σx over the block; the other lanes 0
+  float d[8];        // the block's scale in every lane
+};
+
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (size_t i = 0; i < t.size(); i++) t[i] = f16_to_f32(uint16_t(i));
+    return t;
+  }();
+  return table.data();
+}
+
+DKI_AVX512 void decode_acts(const unsigned char* xq, int nb, DecodeAct* out) {
+  for (int blk = 0; blk < nb; blk++) {
+    const unsigned char* xb = xq + size_t(blk) * kQ8BlockBytes;
+    int32_t sum = 0;
+    for (int k = 0; k < kQ8Block; k++) sum += int8_t(xb[2 + k]);
+    DecodeAct& a = out[blk];
+    for (int i = 0; i < 8; i++) a.start[i] = i == 0 ? -128 * sum : 0, a.d[i] = q8_scale_f32(xb);
+  }
+}
+
+template <bool kPrefetch>
+DKI_AVX512 float q8_row_dot(const unsigned char* w, const unsigned char* xq, const DecodeAct* acts, int nb, const float* table, int ahead) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  auto block = [&](int blk, int j) DKI_AVX512 {
+    const unsigned char* wb = w + size_t(blk) * kQ8BlockBytes;
+    uint16_t dw;
+    __builtin_memcpy(&dw, wb, 2);
+    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)), flip);
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(blk) * kQ8BlockBytes + 2));
+    const __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(acts[blk].start)), u, x);
+    const __m256 px = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_load_ps(acts[blk].d));
+    acc[j] = _mm256_fmadd_ps(px, _mm256_broadcast_ss(table + dw), acc[j]);
+  };
+  int b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    if (kPrefetch)
+      for (int o = 0; o < 4 * kQ8BlockBytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w) + size_t(b) * kQ8BlockBytes + ahead + o, _MM_HINT_T0);
+    for (int j = 0; j < 4; j++) block(b + j, j);
+  }
+  for (; b < nb; b++) block(b, 0);
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  return _mm512_reduce_add_ps(_mm512_zextps256_ps512(s));
+}
+
 DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
   const int nb = in / kQ8Block;
   const size_t row_bytes = size_t(nb) * kQ8BlockBytes;
+  if (T < kPackMinTokens) {
+    thread_local std::vector<DecodeAct> acts;
+    acts.resize(size_t(T) * nb);
+    for (int t = 0; t < T; t++) decode_acts(xq + size_t(t) * row_bytes, nb, acts.data() + size_t(t) * nb);
+    const float* table = f16_table();
+    const int ahead = prefetch_bytes();
+    for (int r = r0; r < r1; r++)
+      for (int t = 0; t < T; t++) {
+        const unsigned char *w = W + size_t(r) * row_bytes, *x = xq + size_t(t) * row_bytes;
+        const DecodeAct* a = acts.data() + size_t(t) * nb;
+        y[size_t(t) * ldy + r] = ahead > 0 ? q8_row_dot<true>(w, x, a, nb, table, ahead) : q8_row_dot<false>(w, x, a, nb, table, 0);
+      }
+    return;
+  }
   int r = r0;
-  // Decode and the shortest prompts are memory-bound: the AVX2 single-row stream is as fast.
-  if (T >= kPackMinTokens && r1 - r0 >= kPackRows) {
+  if (r1 - r0 >= kPackRows) {
     // Per thread: this call's activation sums, and one group of packed rows at a time (the
     // group stays in L1/L2 while every token streams past it once).
     thread_local std::vector<ActBlock> acts;

@@ -130,7 +130,10 @@ export interface NativeAddon {
   /** Bytes the K/V buffer pool holds now. */
   kvPoolBytes(): number;
   setSimd(name: string): void;
-  simd(): { active: string; available: string[] };
+  /** prefetchBytes: how far ahead decode loops prefetch weight rows (0: hardware prefetcher only). */
+  simd(): { active: string; available: string[]; prefetchBytes: number };
+  /** Overrides the prefetch distance (DKI_PREFETCH at load does the same); arithmetic is unchanged. */
+  setPrefetch(bytes: number): void;
   /** Whether this addon has the CUDA backend (npm run build:cuda) and the GPUs it sees; reason says why none. */
   cuda(): { built: boolean; devices: number; names: string[]; reason: string };
 }
