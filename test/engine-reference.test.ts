@@ -15,6 +15,8 @@ interface Variant {
   tie: boolean;
   bias: boolean;
   dtype: "f32" | "f16" | "bf16";
+  /** An MLP width that is no multiple of 4 or 16 sends the matmuls through their row and input tails. */
+  intermediate?: number;
 }
 
 const variants: Variant[] = [
@@ -25,6 +27,7 @@ const variants: Variant[] = [
   { name: "qwen2 GQA 2, untied", arch: "qwen2", heads: 4, kvHeads: 2, tie: false, bias: true, dtype: "f32" },
   { name: "llama GQA 2, F16 weights", arch: "llama", heads: 4, kvHeads: 2, tie: true, bias: false, dtype: "f16" },
   { name: "qwen2 GQA 3, BF16 weights", arch: "qwen2", heads: 6, kvHeads: 2, tie: false, bias: true, dtype: "bf16" },
+  { name: "llama GQA 2, F16 weights, MLP width 166", arch: "llama", heads: 4, kvHeads: 2, tie: false, bias: false, dtype: "f16", intermediate: 166 },
 ];
 
 const prompt = [1, 450, 3000, 17, 9021, 44, 12000, 5, 49000, 77, 2];
@@ -42,7 +45,15 @@ async function build(v: Variant): Promise<{ model: Model; ref: RefWeights }> {
     dtype: v.dtype,
     out,
     seed: 7,
-    overrides: { numHeads: v.heads, numKvHeads: v.kvHeads, headDim: 16, tieWordEmbeddings: v.tie, attentionBias: v.bias, numLayers: 2 },
+    overrides: {
+      numHeads: v.heads,
+      numKvHeads: v.kvHeads,
+      headDim: 16,
+      tieWordEmbeddings: v.tie,
+      attentionBias: v.bias,
+      numLayers: 2,
+      ...(v.intermediate ? { intermediateSize: v.intermediate } : {}),
+    },
   });
   const model = await Model.load(out, { contextSize: 64 });
   loaded.push(model);

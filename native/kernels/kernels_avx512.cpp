@@ -1,10 +1,11 @@
 // AVX-512 VNNI kernels (Zen 4, Ice Lake and later): the Q8_0 matmul with vpdpbusd, on eight
-// repacked rows for prefill and one streamed row for decode. Everything else, and what is left
-// over, is the AVX2 table's. As there, only functions marked DKI_AVX512 use these instructions
-// (target attribute, never -march).
+// repacked rows for prefill and one streamed row for decode, and the F32/F16/BF16 prefill matmul
+// on 512-bit FMAs. Everything else, and what is left over, is the AVX2 table's. As there, only
+// functions marked DKI_AVX512 use these instructions (target attribute, never -march).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -107,17 +108,13 @@ DKI_AVX512 void packed_tile(const PackedBlock* P, int nb, const unsigned char* x
   }
 }
 
-DKI_AVX512 void packed_tokens(const PackedBlock* P, int nb, const unsigned char* xq, size_t row_bytes, const ActBlock* A, int t0, int nt, int r, float* y, int ldy) {
-  switch (nt) {
-    case 8: packed_tile<8>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 7: packed_tile<7>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 6: packed_tile<6>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 5: packed_tile<5>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 4: packed_tile<4>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 3: packed_tile<3>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    case 2: packed_tile<2>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-    default: packed_tile<1>(P, nb, xq, row_bytes, A, t0, r, y, ldy); break;
-  }
+// Calls f(std::integral_constant<int, n>()) for a run-time n in [1, kMax]: a tile's token count
+// becomes a template parameter, so its accumulators are an array the compiler keeps in registers.
+template <int kMax, class F>
+inline void with_count(int n, F&& f) {
+  if constexpr (kMax > 1)
+    if (n < kMax) return with_count<kMax - 1>(n, f);
+  f(std::integral_constant<int, kMax>());
 }
 
 // Decode: one row at a time, the single stream of the AVX2 loop, but with one vpdpbusd per block
@@ -203,10 +200,71 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
     act_blocks(xq, row_bytes, nb, T, acts.data());
     for (; r + kPackRows <= r1; r += kPackRows) {
       pack_rows(W, row_bytes, nb, r, packed.data());
-      for (int t = 0; t < T; t += kPackTokens) packed_tokens(packed.data(), nb, xq, row_bytes, acts.data(), t, std::min(kPackTokens, T - t), r, y, ldy);
+      for (int t = 0; t < T; t += kPackTokens)
+        with_count<kPackTokens>(std::min(kPackTokens, T - t), [&](auto nt) DKI_AVX512 { packed_tile<nt>(packed.data(), nb, xq, row_bytes, acts.data(), t, r, y, ldy); });
     }
   }
   if (r < r1) kernels_avx2().matmul_q8(W, in, r, r1, xq, T, y, ldy);
+}
+
+// F32/F16/BF16 prefill: as the AVX2 path, four rows at a time are converted to fp32 once per
+// block of tokens, then a 4-row × NT-token tile keeps 4·NT sums of 16 lanes in registers, so each
+// step of 16 inputs loads 4 + NT vectors for 4·NT FMAs (AVX2's 2 × 4 tile: 6 loads for 8). The
+// last step's inputs are masked, so any row length works.
+constexpr int kF32Rows = 4;
+constexpr int kF32Tokens = 6;
+constexpr int kF32TokenBlock = 64;  // activations of one block stay in L2 while the rows pass
+
+DKI_AVX512 inline __m512 load16(const void* W, DType wt, size_t i, __mmask16 m) {
+  switch (wt) {
+    case DType::F32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(W) + i);
+    case DType::F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(W) + i));
+    default: return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(W) + i)), 16));
+  }
+}
+
+// Rows r..r+n-1 (n ≤ 4) as fp32 into out[4][in]; missing rows are zero.
+DKI_AVX512 void rows_f32(const void* W, DType wt, int in, int r, int n, float* out) {
+  for (int a = 0; a < kF32Rows; a++)
+    for (int i = 0; i < in; i += 16) {
+      const __mmask16 m = in - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (in - i)) - 1);
+      const __m512 v = a < n ? load16(W, wt, size_t(r + a) * in + i, m) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(out + size_t(a) * in + i, m, v);
+    }
+}
+
+template <int NT>
+DKI_AVX512 void f32_tile(const float* rows, int in, const float* x, int ldx, int t0, int n_rows, int r, float* y, int ldy) {
+  __m512 acc[kF32Rows][NT];
+  for (int a = 0; a < kF32Rows; a++)
+    for (int b = 0; b < NT; b++) acc[a][b] = _mm512_setzero_ps();
+  for (int i = 0; i < in; i += 16) {
+    const __mmask16 m = in - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (in - i)) - 1);
+    __m512 w[kF32Rows];
+    for (int a = 0; a < kF32Rows; a++) w[a] = _mm512_maskz_loadu_ps(m, rows + size_t(a) * in + i);
+    for (int b = 0; b < NT; b++) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + size_t(t0 + b) * ldx + i);
+      for (int a = 0; a < kF32Rows; a++) acc[a][b] = _mm512_fmadd_ps(w[a], xv, acc[a][b]);
+    }
+  }
+  for (int b = 0; b < NT; b++)
+    for (int a = 0; a < n_rows; a++) y[size_t(t0 + b) * ldy + r + a] = _mm512_reduce_add_ps(acc[a][b]);
+}
+
+DKI_AVX512 void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
+  // Decode streams each row once: the AVX2 loop is already at the memory bound there.
+  if (T == 1) return kernels_avx2().matmul(W, wt, in, r0, r1, x, ldx, T, y, ldy);
+  thread_local std::vector<float> rows;
+  rows.resize(size_t(kF32Rows) * in);
+  for (int tb = 0; tb < T; tb += kF32TokenBlock) {
+    const int te = std::min(tb + kF32TokenBlock, T);
+    for (int r = r0; r < r1; r += kF32Rows) {
+      const int n = std::min(kF32Rows, r1 - r);
+      rows_f32(W, wt, in, r, n, rows.data());
+      for (int t = tb; t < te; t += kF32Tokens)
+        with_count<kF32Tokens>(std::min(kF32Tokens, te - t), [&](auto nt) DKI_AVX512 { f32_tile<nt>(rows.data(), in, x, ldx, t, n, r, y, ldy); });
+    }
+  }
 }
 
 }  // namespace
@@ -215,6 +273,7 @@ const Kernels& kernels_avx512() {
   static const Kernels k = [] {
     Kernels t = kernels_avx2();
     t.name = "avx512";
+    t.matmul = matmul;
     t.matmul_q8 = matmul_q8;
     return t;
   }();
