@@ -61,4 +61,13 @@ int prefetch_bytes();
 // Throws unless 0 <= bytes <= kMaxPrefetchBytes.
 void set_prefetch_bytes(int bytes);
 
+// What a decode loop calls as it streams a row: prefetches the kBytes that lie `ahead` bytes past
+// p (one request per cache line), or nothing when ahead is 0.
+template <int kBytes>
+inline void prefetch_ahead(const void* p, int ahead) {
+  if (ahead == 0) return;
+  const char* c = static_cast<const char*>(p) + ahead;
+  for (int o = 0; o < kBytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
 }  // namespace dki

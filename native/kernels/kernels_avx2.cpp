@@ -97,20 +97,14 @@ DKI_AVX2 inline void tile_tokens(const float* W, int in, int r, const float* x, 
 // weights. One row at a time with four independent accumulators is a single sequential stream the
 // hardware prefetcher follows: 30 GB/s of F16 on one Zen 4 core, against 18 GB/s with four rows
 // interleaved. A server Intel core needs a software prefetch far ahead as well (prefetch_bytes()).
-template <int kBytes>
-DKI_AVX2 inline void prefetch_ahead(const void* p, int ahead) {
-  const char* c = static_cast<const char*>(p) + ahead;
-  for (int o = 0; o < kBytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
-}
-
-template <DType WT, bool kPrefetch>
+template <DType WT>
 DKI_AVX2 inline float row_dot(const void* W, size_t base, int in, const float* x, int ahead) {
   constexpr int kStep = 32 * (WT == DType::F32 ? 4 : 2);  // bytes of weights per iteration
   const char* w = static_cast<const char*>(W) + base * (WT == DType::F32 ? 4 : 2);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 32 <= in; i += 32) {
-    if (kPrefetch) prefetch_ahead<kStep>(w + size_t(i) * (kStep / 32), ahead);
+    prefetch_ahead<kStep>(w + size_t(i) * (kStep / 32), ahead);
     a0 = _mm256_fmadd_ps(load8<WT>(W, base + i), _mm256_loadu_ps(x + i), a0);
     a1 = _mm256_fmadd_ps(load8<WT>(W, base + i + 8), _mm256_loadu_ps(x + i + 8), a1);
     a2 = _mm256_fmadd_ps(load8<WT>(W, base + i + 16), _mm256_loadu_ps(x + i + 16), a2);
@@ -125,10 +119,7 @@ DKI_AVX2 inline float row_dot(const void* W, size_t base, int in, const float* x
 template <DType WT>
 DKI_AVX2 void matvec(const void* W, int in, int r0, int r1, const float* x, float* y) {
   const int ahead = prefetch_bytes();
-  if (ahead > 0)
-    for (int r = r0; r < r1; r++) y[r] = row_dot<WT, true>(W, size_t(r) * in, in, x, ahead);
-  else
-    for (int r = r0; r < r1; r++) y[r] = row_dot<WT, false>(W, size_t(r) * in, in, x, 0);
+  for (int r = r0; r < r1; r++) y[r] = row_dot<WT>(W, size_t(r) * in, in, x, ahead);
 }
 
 // Tokens are processed in blocks small enough that their activations stay in L2 while every row
@@ -223,7 +214,6 @@ DKI_AVX2 inline float q8_scale(const unsigned char* block) {
 // One Q8_0 row against one activation row, four blocks per step on four accumulators. maddubs
 // multiplies an unsigned by a signed operand, so the weights enter as |w| and the activations
 // carry w's sign (|w|, |x| ≤ 127 keep the pairwise int16 sums below saturation).
-template <bool kPrefetch>
 DKI_AVX2 inline float q8_row_dot(const unsigned char* w, const unsigned char* xq, int nb, int ahead) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   const __m256i ones = _mm256_set1_epi16(1);
@@ -238,7 +228,7 @@ DKI_AVX2 inline float q8_row_dot(const unsigned char* w, const unsigned char* xq
     acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(q8_scale(wb) * q8_scale(xb)), acc[j]);
   };
   for (; b + 4 <= nb; b += 4) {
-    if (kPrefetch) prefetch_ahead<4 * kQ8BlockBytes>(w + size_t(b) * kQ8BlockBytes, ahead);
+    prefetch_ahead<4 * kQ8BlockBytes>(w + size_t(b) * kQ8BlockBytes, ahead);
     for (int j = 0; j < 4; j++) block(b + j, j);
   }
   for (; b < nb; b++) block(b, 0);
@@ -332,9 +322,7 @@ DKI_AVX2 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const un
   // Decode, and prefill's rows left over: each row one sequential stream, as for F16 weights.
   const int ahead = prefetch_bytes();
   for (; r < r1; r++)
-    for (int t = 0; t < T; t++)
-      y[size_t(t) * ldy + r] = ahead > 0 ? q8_row_dot<true>(W + r * row_bytes, xq + t * row_bytes, nb, ahead)
-                                         : q8_row_dot<false>(W + r * row_bytes, xq + t * row_bytes, nb, 0);
+    for (int t = 0; t < T; t++) y[size_t(t) * ldy + r] = q8_row_dot(W + r * row_bytes, xq + t * row_bytes, nb, ahead);
 }
 
 DKI_AVX2 float dot(const float* a, const float* b, int n) {

@@ -142,12 +142,12 @@ DKI_AVX512 void decode_acts(const unsigned char* xq, int nb, DecodeAct* out) {
     const unsigned char* xb = xq + size_t(blk) * kQ8BlockBytes;
     int32_t sum = 0;
     for (int k = 0; k < kQ8Block; k++) sum += int8_t(xb[2 + k]);
+    const float d = q8_scale_f32(xb);
     DecodeAct& a = out[blk];
-    for (int i = 0; i < 8; i++) a.start[i] = i == 0 ? -128 * sum : 0, a.d[i] = q8_scale_f32(xb);
+    for (int i = 0; i < 8; i++) a.start[i] = i == 0 ? -128 * sum : 0, a.d[i] = d;
   }
 }
 
-template <bool kPrefetch>
 DKI_AVX512 float q8_row_dot(const unsigned char* w, const unsigned char* xq, const DecodeAct* acts, int nb, const float* table, int ahead) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   const __m256i flip = _mm256_set1_epi8(char(0x80));
@@ -163,8 +163,7 @@ DKI_AVX512 float q8_row_dot(const unsigned char* w, const unsigned char* xq, con
   };
   int b = 0;
   for (; b + 4 <= nb; b += 4) {
-    if (kPrefetch)
-      for (int o = 0; o < 4 * kQ8BlockBytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w) + size_t(b) * kQ8BlockBytes + ahead + o, _MM_HINT_T0);
+    prefetch_ahead<4 * kQ8BlockBytes>(w + size_t(b) * kQ8BlockBytes, ahead);
     for (int j = 0; j < 4; j++) block(b + j, j);
   }
   for (; b < nb; b++) block(b, 0);
@@ -185,7 +184,7 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
       for (int t = 0; t < T; t++) {
         const unsigned char *w = W + size_t(r) * row_bytes, *x = xq + size_t(t) * row_bytes;
         const DecodeAct* a = acts.data() + size_t(t) * nb;
-        y[size_t(t) * ldy + r] = ahead > 0 ? q8_row_dot<true>(w, x, a, nb, table, ahead) : q8_row_dot<false>(w, x, a, nb, table, 0);
+        y[size_t(t) * ldy + r] = q8_row_dot(w, x, a, nb, table, ahead);
       }
     return;
   }
@@ -215,6 +214,9 @@ constexpr int kF32Rows = 4;
 constexpr int kF32Tokens = 6;
 constexpr int kF32TokenBlock = 64;  // activations of one block stay in L2 while the rows pass
 
+// Lanes of a 16-wide step with `left` inputs still to go (all 16 unless it is the last step).
+inline __mmask16 step_mask(int left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
 DKI_AVX512 inline __m512 load16(const void* W, DType wt, size_t i, __mmask16 m) {
   switch (wt) {
     case DType::F32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(W) + i);
@@ -227,7 +229,7 @@ DKI_AVX512 inline __m512 load16(const void* W, DType wt, size_t i, __mmask16 m) 
 DKI_AVX512 void rows_f32(const void* W, DType wt, int in, int r, int n, float* out) {
   for (int a = 0; a < kF32Rows; a++)
     for (int i = 0; i < in; i += 16) {
-      const __mmask16 m = in - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (in - i)) - 1);
+      const __mmask16 m = step_mask(in - i);
       const __m512 v = a < n ? load16(W, wt, size_t(r + a) * in + i, m) : _mm512_setzero_ps();
       _mm512_mask_storeu_ps(out + size_t(a) * in + i, m, v);
     }
@@ -239,7 +241,7 @@ DKI_AVX512 void f32_tile(const float* rows, int in, const float* x, int ldx, int
   for (int a = 0; a < kF32Rows; a++)
     for (int b = 0; b < NT; b++) acc[a][b] = _mm512_setzero_ps();
   for (int i = 0; i < in; i += 16) {
-    const __mmask16 m = in - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (in - i)) - 1);
+    const __mmask16 m = step_mask(in - i);
     __m512 w[kF32Rows];
     for (int a = 0; a < kF32Rows; a++) w[a] = _mm512_maskz_loadu_ps(m, rows + size_t(a) * in + i);
     for (int b = 0; b < NT; b++) {
