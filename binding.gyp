@@ -12,6 +12,7 @@
         "native/kernels/kernels_scalar.cpp",
         "native/kernels/kernels_avx2.cpp",
         "native/kernels/kernels_avx512.cpp",
+        "native/kernels/kernels_amx.cpp",
         "native/sampler.cpp",
         "native/kv_ops.cpp",
         "native/kv_buffer.cpp"

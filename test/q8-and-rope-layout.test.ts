@@ -66,44 +66,59 @@ beforeAll(async () => {
 });
 afterAll(() => models.forEach((m) => m.dispose()));
 
+/** Prefill and decode of `tokens` on one SIMD path against the reference on the same rounding. */
+async function checkAgainstReference(modelDir: string, weights: RefWeights, tokens: number[], simd: string): Promise<void> {
+  const model = await Model.load(modelDir, { quantize: "q8_0", contextSize: tokens.length + 8 });
+  models.push(model);
+  const q8ref: RefWeights = { config: weights.config, get: (n: string) => (isMatrix(n) ? q8RoundTrip(weights.get(n)) : weights.get(n)) };
+  native().setSimd(simd);
+  try {
+    const want = refForward(q8ref, tokens, { projectionInput: q8Activations }).logits;
+    const prefill = await model.logits(tokens);
+    const ctx = model.createContext(tokens.length);
+    const decode: Float32Array[] = [];
+    for (const t of tokens) decode.push((await ctx.eval(Int32Array.of(t), LogitsMode.Last))!);
+    ctx.dispose();
+    // An activation within float rounding of a Q8_0 rounding boundary can round either way
+    // depending on summation order (the AVX-512 path sums 16 lanes, the scalar path one at a
+    // time), and then that position and those attending to it move by about one quantisation
+    // step (seen: AVX-512, 5 of 12 positions, ≤ 0.15). So: most positions exact, none far off;
+    // a wrong kernel moves every position by far more.
+    for (const [mode, rows] of [["prefill", prefill], ["decode", decode]] as const) {
+      const diffs = want.map((row, i) => maxAbsDiff(row, rows[i]));
+      const rel = want.map((row, i) => {
+        let num = 0, den = 0;
+        for (let j = 0; j < row.length; j++) {
+          num += (row[j] - rows[i][j]) ** 2;
+          den += row[j] ** 2;
+        }
+        return Math.sqrt(num / den);
+      });
+      console.log(`Q8_0 (${simd}, ${mode}, ${tokens.length} tokens): max abs logit difference to the reference per position ${diffs.map((d) => d.toExponential(1)).join(" ")}`);
+      expect(diffs.filter((d) => d < 1e-4).length).toBeGreaterThanOrEqual(tokens.length / 2);
+      expect(Math.max(...rel)).toBeLessThan(0.01);
+    }
+    // Without the activation rounding the reference is far off: the test sees it.
+    const unrounded = refForward(q8ref, tokens).logits;
+    expect(Math.min(...unrounded.map((row, i) => maxAbsDiff(row, prefill[i])))).toBeGreaterThan(1e-3);
+  } finally {
+    native().setSimd("auto");
+  }
+}
+
 describe("Q8_0 quantised at load time", () => {
   test.each(native().simd().available)("prefill and decode match the reference run on the same dequantised weights and Q8_0 activations (%s kernels)", async (simd) => {
-    const model = await Model.load(dir, { quantize: "q8_0", contextSize: 32 });
-    models.push(model);
-    const q8ref: RefWeights = { config: ref.config, get: (n: string) => (isMatrix(n) ? q8RoundTrip(ref.get(n)) : ref.get(n)) };
-    native().setSimd(simd);
-    try {
-      const want = refForward(q8ref, prompt, { projectionInput: q8Activations }).logits;
-      const prefill = await model.logits(prompt);
-      const ctx = model.createContext(prompt.length);
-      const decode: Float32Array[] = [];
-      for (const t of prompt) decode.push((await ctx.eval(Int32Array.of(t), LogitsMode.Last))!);
-      ctx.dispose();
-      // An activation within float rounding of a Q8_0 rounding boundary can round either way
-      // depending on summation order (the AVX-512 path sums 16 lanes, the scalar path one at a
-      // time), and then that position and those attending to it move by about one quantisation
-      // step (seen: AVX-512, 5 of 12 positions, ≤ 0.15). So: most positions exact, none far off;
-      // a wrong kernel moves every position by far more.
-      for (const [mode, rows] of [["prefill", prefill], ["decode", decode]] as const) {
-        const diffs = want.map((row, i) => maxAbsDiff(row, rows[i]));
-        const rel = want.map((row, i) => {
-          let num = 0, den = 0;
-          for (let j = 0; j < row.length; j++) {
-            num += (row[j] - rows[i][j]) ** 2;
-            den += row[j] ** 2;
-          }
-          return Math.sqrt(num / den);
-        });
-        console.log(`Q8_0 (${simd}, ${mode}): max abs logit difference to the reference per position ${diffs.map((d) => d.toExponential(1)).join(" ")}`);
-        expect(diffs.filter((d) => d < 1e-4).length).toBeGreaterThanOrEqual(prompt.length / 2);
-        expect(Math.max(...rel)).toBeLessThan(0.01);
-      }
-      // Without the activation rounding the reference is far off: the test sees it.
-      const unrounded = refForward(q8ref, prompt).logits;
-      expect(Math.min(...unrounded.map((row, i) => maxAbsDiff(row, prefill[i])))).toBeGreaterThan(1e-3);
-    } finally {
-      native().setSimd("auto");
-    }
+    await checkAgainstReference(dir, ref, prompt, simd);
+  });
+
+  // The AMX path multiplies 32 rows by 32 tokens at a time: 45 tokens leave a half-empty second
+  // pair of token groups, and projections of 160, 32 and 352 rows leave each thread a range that
+  // is not a multiple of 32 (those rows go through the AVX-512 tiles). Every path must agree.
+  test.each(native().simd().available)("a 45-token prompt and odd row counts (tile tails) match the reference (%s kernels)", async (simd) => {
+    const tailDir = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: tailDir, seed: 22, overrides: { numLayers: 2, numHeads: 5, numKvHeads: 1, headDim: 32, hiddenSize: 160, intermediateSize: 352 } });
+    const tokens = Array.from({ length: 45 }, (_, i) => (i * 7919 + 3) % 49000);
+    await checkAgainstReference(tailDir, await loadRefWeights(tailDir), tokens, simd);
   });
 
   test.each(["llama", "qwen2"] as const)("%s: close to the unquantised model: mean relative logit error ≤ 2%, greedy top-1 agreement ≥ 94% over 256 positions", async (arch) => {

@@ -10,7 +10,7 @@ import { LogitsMode, native, packageRoot } from "../src/engine/native.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { tempDir } from "./support/paths.js";
 
-const ALL = ["scalar", "avx2", "avx512"];
+const ALL = ["scalar", "avx2", "avx512", "amx"];
 
 function loadWithEnv(simd: string, prefetch?: string): { status: number | null; stderr: string; active: string; prefetchBytes: number } {
   const addon = join(packageRoot(), "build", "Release", "dki_native.node");
@@ -50,7 +50,7 @@ describe("SIMD dispatch", () => {
   test("an unknown DKI_SIMD fails the load with a clear error, not a crash", () => {
     const r = loadWithEnv("avx9000");
     expect(r.status).toBe(1);
-    expect(r.stderr).toContain('DKI_SIMD: unknown SIMD path "avx9000" (expected auto, scalar, avx2 or avx512)');
+    expect(r.stderr).toContain('DKI_SIMD: unknown SIMD path "avx9000" (expected auto, scalar, avx2, avx512 or amx)');
     expect(() => native().setSimd("avx9000")).toThrow(/unknown SIMD path/);
   });
 });

@@ -26,6 +26,14 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+bool cpu_has_amx() {
+#if defined(__x86_64__)
+  return cpu_has_avx512_vnni() && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && amx_enable();
+#else
+  return false;
+#endif
+}
+
 const Kernels* pick(const std::string& name) {
   if (name == "scalar") return &kernels_scalar();
   if (name == "avx2") {
@@ -36,9 +44,13 @@ const Kernels* pick(const std::string& name) {
     if (!cpu_has_avx512_vnni()) throw Error("SIMD path \"avx512\" is not supported by this CPU (needs AVX-512 F/BW/VL and VNNI)");
     return &kernels_avx512();
   }
+  if (name == "amx") {
+    if (!cpu_has_amx()) throw Error("SIMD path \"amx\" is not supported by this CPU (needs the avx512 path, AMX-TILE and AMX-INT8, and Linux granting the tile state)");
+    return &kernels_amx();
+  }
   if (name == "auto" || name.empty())
-    return cpu_has_avx512_vnni() ? &kernels_avx512() : cpu_has_avx2() ? &kernels_avx2() : &kernels_scalar();
-  throw Error("unknown SIMD path \"" + name + "\" (expected auto, scalar, avx2 or avx512)");
+    return cpu_has_amx() ? &kernels_amx() : cpu_has_avx512_vnni() ? &kernels_avx512() : cpu_has_avx2() ? &kernels_avx2() : &kernels_scalar();
+  throw Error("unknown SIMD path \"" + name + "\" (expected auto, scalar, avx2, avx512 or amx)");
 }
 
 std::string& env_error() {
@@ -114,6 +126,7 @@ std::vector<std::string> available_simd() {
   std::vector<std::string> out{"scalar"};
   if (cpu_has_avx2()) out.push_back("avx2");
   if (cpu_has_avx512_vnni()) out.push_back("avx512");
+  if (cpu_has_amx()) out.push_back("amx");
   return out;
 }
 

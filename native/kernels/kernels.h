@@ -40,11 +40,14 @@ struct Kernels {
 
 const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();    // AVX2 + FMA + F16C
-const Kernels& kernels_avx512();  // the AVX2 table with an AVX-512 VNNI Q8_0 matmul
+const Kernels& kernels_avx512();  // the AVX2 table with AVX-512 matmuls (Q8_0 through VNNI)
+const Kernels& kernels_amx();     // the AVX-512 table with an AMX-INT8 Q8_0 prefill matmul
+// Asks Linux for this process's AMX tile state (once); false where it is refused or not Linux.
+bool amx_enable();
 
 // The active table.
 const Kernels& kernels();
-// Selects a path by name ("auto", "scalar", "avx2", "avx512"); throws if the CPU cannot run it.
+// Selects a path by name ("auto", "scalar", "avx2", "avx512", "amx"); throws if the CPU cannot run it.
 void set_simd(const std::string& name);
 // Why DKI_SIMD or DKI_PREFETCH could not be honoured ("" when they were, or are unset).
 const std::string& simd_env_error();
