@@ -206,16 +206,17 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
   if (r < r1) kernels_avx2().matmul_q8(W, in, r, r1, xq, T, y, ldy);
 }
 
-// F32/F16/BF16 prefill: as the AVX2 path, four rows at a time are converted to fp32 once per
-// block of tokens, then a 4-row × NT-token tile keeps 4·NT sums of 16 lanes in registers, so each
-// step of 16 inputs loads 4 + NT vectors for 4·NT FMAs (AVX2's 2 × 4 tile: 6 loads for 8). The
-// last step's inputs are masked, so any row length works.
-constexpr int kF32Rows = 4;
-constexpr int kF32Tokens = 6;
-constexpr int kF32TokenBlock = 64;  // activations of one block stay in L2 while the rows pass
-
-// Lanes of a 16-wide step with `left` inputs still to go (all 16 unless it is the last step).
-inline __mmask16 step_mask(int left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+// F32/F16/BF16 prefill. A tile is 12 rows × 32 tokens: 24 accumulators of 16 tokens each. Every
+// input step loads two vectors of 16 tokens' activations and broadcasts one weight per row, for
+// 24 FMAs: ~176 bytes per 24 FMAs, where a 4 × 6 tile of dot products (rows and tokens both along
+// the input) reads ~640, more than L2 delivers at FMA speed (it ran at 70 GFLOPS a core on a
+// Xeon, this one at ~170). For that, the activations of a block of tokens are transposed once
+// (input-major, 32 tokens per line), and 12 rows at a time are converted to fp32 once per block.
+// Each sum runs along the input in order, one accumulator lane per (row, token).
+constexpr int kTileRows = 12;
+constexpr int kPanelTokens = 32;  // two vectors of 16 tokens
+constexpr int kMinPanelTokens = 8;
+constexpr size_t kTokenBlockBytes = size_t(1) << 20;  // a block's transposed activations stay in L2
 
 DKI_AVX512 inline __m512 load16(const void* W, DType wt, size_t i, __mmask16 m) {
   switch (wt) {
@@ -225,46 +226,72 @@ DKI_AVX512 inline __m512 load16(const void* W, DType wt, size_t i, __mmask16 m) 
   }
 }
 
-// Rows r..r+n-1 (n ≤ 4) as fp32 into out[4][in]; missing rows are zero.
+// Rows r..r+n-1 as fp32 into out[n][in].
 DKI_AVX512 void rows_f32(const void* W, DType wt, int in, int r, int n, float* out) {
-  for (int a = 0; a < kF32Rows; a++)
+  for (int a = 0; a < n; a++)
     for (int i = 0; i < in; i += 16) {
-      const __mmask16 m = step_mask(in - i);
-      const __m512 v = a < n ? load16(W, wt, size_t(r + a) * in + i, m) : _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(out + size_t(a) * in + i, m, v);
+      const __mmask16 m = i + 16 <= in ? __mmask16(0xFFFF) : __mmask16((1u << (in - i)) - 1);
+      _mm512_mask_storeu_ps(out + size_t(a) * in + i, m, load16(W, wt, size_t(r + a) * in + i, m));
     }
 }
 
-template <int NT>
-DKI_AVX512 void f32_tile(const float* rows, int in, const float* x, int ldx, int t0, int n_rows, int r, float* y, int ldy) {
-  __m512 acc[kF32Rows][NT];
-  for (int a = 0; a < kF32Rows; a++)
-    for (int b = 0; b < NT; b++) acc[a][b] = _mm512_setzero_ps();
-  for (int i = 0; i < in; i += 16) {
-    const __mmask16 m = step_mask(in - i);
-    __m512 w[kF32Rows];
-    for (int a = 0; a < kF32Rows; a++) w[a] = _mm512_maskz_loadu_ps(m, rows + size_t(a) * in + i);
-    for (int b = 0; b < NT; b++) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + size_t(t0 + b) * ldx + i);
-      for (int a = 0; a < kF32Rows; a++) acc[a][b] = _mm512_fmadd_ps(w[a], xv, acc[a][b]);
+// Tokens t0..t0+n-1 (n ≤ 32) of x, transposed into out[in][32]; tokens past n are zero.
+DKI_AVX512 void transpose_panel(const float* x, int ldx, int in, int t0, int n, float* out) {
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(ldx));
+  for (int h = 0; h < 2; h++) {
+    const int live = std::clamp(n - 16 * h, 0, 16);
+    const __mmask16 m = __mmask16((1u << live) - 1);
+    const float* first = x + size_t(t0 + 16 * h) * ldx;
+    for (int i = 0; i < in; i++)
+      _mm512_store_ps(out + size_t(i) * kPanelTokens + 16 * h, live ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets, first + i, 4) : _mm512_setzero_ps());
+  }
+}
+
+// NV vectors of 16 tokens (1 for a panel of at most 16 tokens, whose other half would be zeros).
+template <int MR, int NV>
+DKI_AVX512 void f32_tile(const float* rows, int in, const float* panel, int t0, int nt, int r, float* y, int ldy) {
+  __m512 acc[MR][NV];
+  for (int a = 0; a < MR; a++)
+    for (int v = 0; v < NV; v++) acc[a][v] = _mm512_setzero_ps();
+  for (int i = 0; i < in; i++) {
+    __m512 xv[NV];
+    for (int v = 0; v < NV; v++) xv[v] = _mm512_load_ps(panel + size_t(i) * kPanelTokens + 16 * v);
+    for (int a = 0; a < MR; a++) {
+      const __m512 w = _mm512_set1_ps(rows[size_t(a) * in + i]);
+      for (int v = 0; v < NV; v++) acc[a][v] = _mm512_fmadd_ps(w, xv[v], acc[a][v]);
     }
   }
-  for (int b = 0; b < NT; b++)
-    for (int a = 0; a < n_rows; a++) y[size_t(t0 + b) * ldy + r + a] = _mm512_reduce_add_ps(acc[a][b]);
+  alignas(64) float out[MR][kPanelTokens];
+  for (int a = 0; a < MR; a++)
+    for (int v = 0; v < NV; v++) _mm512_store_ps(out[a] + 16 * v, acc[a][v]);
+  for (int t = 0; t < nt; t++)
+    for (int a = 0; a < MR; a++) y[size_t(t0 + t) * ldy + r + a] = out[a][t];
 }
 
 DKI_AVX512 void matmul(const void* W, DType wt, int in, int r0, int r1, const float* x, int ldx, int T, float* y, int ldy) {
-  // Decode streams each row once: the AVX2 loop is already at the memory bound there.
-  if (T == 1) return kernels_avx2().matmul(W, wt, in, r0, r1, x, ldx, T, y, ldy);
-  thread_local std::vector<float> rows;
-  rows.resize(size_t(kF32Rows) * in);
-  for (int tb = 0; tb < T; tb += kF32TokenBlock) {
-    const int te = std::min(tb + kF32TokenBlock, T);
-    for (int r = r0; r < r1; r += kF32Rows) {
-      const int n = std::min(kF32Rows, r1 - r);
+  // Decode streams each row once: the AVX2 loop is already at the memory bound there. Below 8
+  // tokens most lanes of a panel would be padding, and the AVX2 tiles (along the input) win.
+  if (T < kMinPanelTokens) return kernels_avx2().matmul(W, wt, in, r0, r1, x, ldx, T, y, ldy);
+  const size_t panel_floats = size_t(in) * kPanelTokens;
+  const int block_panels = int(std::max<size_t>(1, kTokenBlockBytes / (panel_floats * sizeof(float))));
+  thread_local std::vector<float> rows, panels;  // reused across calls: no allocation per matmul
+  rows.resize(size_t(kTileRows) * in);
+  panels.resize(size_t(block_panels) * panel_floats + 16);
+  float* panel0 = panels.data() + (16 - reinterpret_cast<uintptr_t>(panels.data()) / sizeof(float) % 16) % 16;  // 64-byte aligned
+  for (int tb = 0; tb < T; tb += block_panels * kPanelTokens) {
+    const int te = std::min(T, tb + block_panels * kPanelTokens);
+    for (int t = tb; t < te; t += kPanelTokens) transpose_panel(x, ldx, in, t, std::min(kPanelTokens, te - t), panel0 + size_t((t - tb) / kPanelTokens) * panel_floats);
+    for (int r = r0; r < r1; r += kTileRows) {
+      const int n = std::min(kTileRows, r1 - r);
       rows_f32(W, wt, in, r, n, rows.data());
-      for (int t = tb; t < te; t += kF32Tokens)
-        with_count<kF32Tokens>(std::min(kF32Tokens, te - t), [&](auto nt) DKI_AVX512 { f32_tile<nt>(rows.data(), in, x, ldx, t, n, r, y, ldy); });
+      for (int t = tb; t < te; t += kPanelTokens) {
+        const float* panel = panel0 + size_t((t - tb) / kPanelTokens) * panel_floats;
+        const int nt = std::min(kPanelTokens, te - t);
+        with_count<kTileRows>(n, [&](auto mr) DKI_AVX512 {
+          if (nt > 16) f32_tile<mr, 2>(rows.data(), in, panel, t, nt, r, y, ldy);
+          else f32_tile<mr, 1>(rows.data(), in, panel, t, nt, r, y, ldy);
+        });
+      }
     }
   }
 }
