@@ -8,7 +8,7 @@ export function machine(native) {
     const info = readFileSync("/proc/cpuinfo", "utf8");
     const line = info.split("\n").find((l) => l.startsWith("flags"));
     const all = new Set((line ?? "").split(":")[1]?.trim().split(/\s+/) ?? []);
-    flags = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni"].filter((f) => all.has(f));
+    flags = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8"].filter((f) => all.has(f));
   } catch {
     // not Linux: leave flags empty
   }
