@@ -264,55 +264,73 @@ void Context::attention(int l, int T) {
   for (const auto& s : segments_) n_seg_tokens += s.block->n_tokens;
   const int max_s = n_seg_tokens + past + T;
 
-  thread_pool().parallel_for(H * T, 1, [&](int begin, int end) {
+  // Work items are blocks of up to kQueryBlock consecutive queries of one head, head-major: each
+  // thread gets whole heads, so the causal triangle's cost (later tokens attend to more) is split
+  // evenly, and a block's weighted sums read each value row once for all its queries.
+  constexpr int kQueryBlock = 4;
+  const int blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  thread_pool().parallel_for(H * blocks, 1, [&](int begin, int end) {
     const Kernels& K = kernels();
-    thread_local std::vector<float> scores;
-    scores.resize(max_s);
+    thread_local std::vector<float> probs;  // [kQueryBlock][max_s]
+    probs.resize(size_t(kQueryBlock) * max_s);
     for (int item = begin; item < end; item++) {
-      // Head-major order: each thread gets whole heads, so the causal triangle's cost (later
-      // tokens attend to more) is split evenly.
-      const int h = item / T, t = item % T, kvh = h / group;
-      const float* q = &q_[(size_t(t) * H + h) * hd];
-      float* out = &attn_[(size_t(t) * H + h) * hd];
-      // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
+      const int h = item / blocks, t0 = (item % blocks) * kQueryBlock, kvh = h / group;
+      const int nq = std::min(kQueryBlock, T - t0);
+      const float* kc = &k_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
+      const float* vc = &v_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
+      for (int q_i = 0; q_i < nq; q_i++) {
+        const int t = t0 + q_i;
+        const float* q = &q_[(size_t(t) * H + h) * hd];
+        float* scores = &probs[size_t(q_i) * max_s];
+        // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
+        int j = 0;
+        for (const auto& s : segments_) {
+          const KVBlock& b = *s.block;
+          K.scores(q, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
+          if (s.logit_scaling) {
+            const float bias = std::log(s.alpha);
+            for (int i = 0; i < b.n_tokens; i++) scores[j + i] += bias;
+          }
+          j += b.n_tokens;
+        }
+        const int own = past + t + 1;
+        K.scores(q, kc, own, hd, scale, &scores[j]);
+        const int S = j + own;
+        // Softmax over all S columns.
+        const float inv = float(1.0 / K.softmax_exp(scores, S));
+        if (l == probe_layer_ && t == T - 1) {
+          double h_ent = 0;
+          for (int i = 0; i < S; i++) {
+            const double p = scores[i] * inv;
+            if (p > 0) h_ent -= p * std::log(p);
+          }
+          probe_entropy_[h] = float(h_ent);
+        }
+        // Probabilities; value-scaled segments contribute alpha·V.
+        for (int i = 0; i < S; i++) scores[i] *= inv;
+        j = 0;
+        for (const auto& s : segments_) {
+          if (!s.logit_scaling && s.alpha != 1.f)
+            for (int i = 0; i < s.block->n_tokens; i++) scores[j + i] *= s.alpha;
+          j += s.block->n_tokens;
+        }
+      }
+      // Weighted values, for the whole block where its queries see the same keys: every segment,
+      // and the cached and chunk tokens up to the first query; each later query then adds the
+      // few tokens only it sees. Per output the sum runs over the keys in order either way.
+      float* out = &attn_[(size_t(t0) * H + h) * hd];
+      const int ldo = H * hd;
+      for (int q_i = 0; q_i < nq; q_i++) std::fill(out + size_t(q_i) * ldo, out + size_t(q_i) * ldo + hd, 0.f);
       int j = 0;
       for (const auto& s : segments_) {
         const KVBlock& b = *s.block;
-        K.scores(q, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
-        if (s.logit_scaling) {
-          const float bias = std::log(s.alpha);
-          for (int i = 0; i < b.n_tokens; i++) scores[j + i] += bias;
-        }
+        K.weighted_sum_rows(&probs[j], max_s, nq, b.v_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, out, ldo);
         j += b.n_tokens;
       }
-      const float* kc = &k_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
-      const int own = past + t + 1;
-      K.scores(q, kc, own, hd, scale, &scores[j]);
-      j += own;
-      const int S = j;
-      // Softmax over all S columns.
-      const float inv = float(1.0 / K.softmax_exp(scores.data(), S));
-      if (l == probe_layer_ && t == T - 1) {
-        double h_ent = 0;
-        for (int i = 0; i < S; i++) {
-          const double p = scores[i] * inv;
-          if (p > 0) h_ent -= p * std::log(p);
-        }
-        probe_entropy_[h] = float(h_ent);
-      }
-      // Weighted values; value-scaled segments contribute alpha·V.
-      for (int i = 0; i < S; i++) scores[i] *= inv;
-      std::fill(out, out + hd, 0.f);
-      j = 0;
-      for (const auto& s : segments_) {
-        const KVBlock& b = *s.block;
-        if (!s.logit_scaling && s.alpha != 1.f)
-          for (int i = 0; i < b.n_tokens; i++) scores[j + i] *= s.alpha;
-        K.weighted_sum(&scores[j], b.v_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, out);
-        j += b.n_tokens;
-      }
-      const float* vc = &v_cache_[(size_t(l) * c.n_kv_heads + kvh) * max_tokens_ * hd];
-      K.weighted_sum(&scores[j], vc, own, hd, out);
+      const int shared = past + t0 + 1;
+      K.weighted_sum_rows(&probs[j], max_s, nq, vc, shared, hd, out, ldo);
+      for (int q_i = 1; q_i < nq; q_i++)
+        K.weighted_sum(&probs[size_t(q_i) * max_s + j + shared], vc + size_t(shared) * hd, q_i, hd, out + size_t(q_i) * ldo);
     }
   });
 }

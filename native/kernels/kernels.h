@@ -29,6 +29,10 @@ struct Kernels {
   void (*scores)(const float* q, const float* k, int n, int hd, float scale, float* out);
   // out += sum_i w[i] * v[i] for n value rows of length hd stored contiguously
   void (*weighted_sum)(const float* w, const float* v, int n, int hd, float* out);
+  // weighted_sum for nq queries at once (weights w[j*ldw + i], outputs out + j*ldo), summing in
+  // the same order, so each output gets the same bits as from weighted_sum; a path may read each
+  // value row once for all of them.
+  void (*weighted_sum_rows)(const float* w, int ldw, int nq, const float* v, int n, int hd, float* out, int ldo);
   // The numerators of a softmax: x[i] ← exp(x[i] − max x) for n ≥ 1 finite scores; returns Σ x[i].
   double (*softmax_exp)(float* x, int n);
   // Bulk conversions for K/V storage forms (dst and src do not overlap).
@@ -65,6 +69,12 @@ constexpr int kMaxPrefetchBytes = 1 << 20;
 int prefetch_bytes();
 // Throws unless 0 <= bytes <= kMaxPrefetchBytes.
 void set_prefetch_bytes(int bytes);
+
+// weighted_sum_rows for a path that has no faster form: one query at a time.
+template <void (*kWeightedSum)(const float*, const float*, int, int, float*)>
+void weighted_sum_each(const float* w, int ldw, int nq, const float* v, int n, int hd, float* out, int ldo) {
+  for (int j = 0; j < nq; j++) kWeightedSum(w + size_t(j) * ldw, v, n, hd, out + size_t(j) * ldo);
+}
 
 // What a decode loop calls as it streams a row: prefetches into L2 the kBytes that lie `ahead`
 // bytes past p (one request per cache line), or nothing when ahead is 0.

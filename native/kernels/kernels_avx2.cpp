@@ -512,7 +512,7 @@ DKI_AVX2 void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"avx2", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, weighted_sum_each<weighted_sum>, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 

@@ -110,7 +110,7 @@ void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, weighted_sum_each<weighted_sum>, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 
