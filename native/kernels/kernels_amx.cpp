@@ -1,9 +1,9 @@
 // AMX kernels (Xeon Sapphire Rapids and later): the Q8_0 prefill matmul as int8 tile products.
 // One tdpbssd multiplies 16 weight rows by 16 tokens over one 32-byte block, exactly, in int32;
-// AVX-512 then applies the two blocks' scales. That is the same arithmetic, in the same order, as
-// the AVX-512 path's packed tile (float(dot) · (d_w·d_x) summed block by block), so the two paths
-// give the same bits. Everything else is the AVX-512 table's. Only functions marked DKI_AMX use
-// these instructions, and only after the kernel has granted this process the tile state.
+// AVX-512 then applies the two blocks' scales, float(dot) · (d_w·d_x), added block by block. (The
+// AVX-512 path's VNNI tile adds two half-block sums per row separately, so the paths differ in
+// the last bits.) Everything else is the AVX-512 table's. Only functions marked DKI_AMX use these
+// instructions, and only after Linux has granted this process the tile state.
 #include <immintrin.h>
 
 #include <algorithm>
