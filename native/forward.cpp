@@ -233,12 +233,7 @@ void Context::eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* l
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
     rmsnorm(x_.data(), L.ffn_norm, c.rms_norm_eps, T, D, xn_.data());
     linear_multi({{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, xn_.data(), T, xq_);
-    thread_pool().parallel_for(T * F, 256, [&](int b, int e) {
-      for (int i = b; i < e; i++) {
-        const float g = gate_[i];
-        gate_[i] = g / (1.f + std::exp(-g)) * up_[i];
-      }
-    });
+    thread_pool().parallel_for(T * F, 256, [&](int b, int e) { kernels().silu_mul(&gate_[b], &up_[b], size_t(e - b)); });
     linear(L.w_down, gate_.data(), T, xn_.data(), xq_);
     for (size_t i = 0; i < size_t(T) * D; i++) x_[i] += xn_[i];
   }

@@ -35,6 +35,8 @@ struct Kernels {
   void (*weighted_sum_rows)(const float* w, int ldw, int nq, const float* v, int n, int hd, float* out, int ldo);
   // The numerators of a softmax: x[i] ← exp(x[i] − max x) for n ≥ 1 finite scores; returns Σ x[i].
   double (*softmax_exp)(float* x, int n);
+  // The SwiGLU gate: gate[i] ← silu(gate[i]) · up[i], silu(g) = g / (1 + e^−g).
+  void (*silu_mul)(float* gate, const float* up, size_t n);
   // Bulk conversions for K/V storage forms (dst and src do not overlap).
   void (*f16_to_f32)(const uint16_t* src, float* dst, size_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, size_t n);

@@ -94,6 +94,10 @@ double softmax_exp(float* x, int n) {
   return sum;
 }
 
+void silu_mul(float* gate, const float* up, size_t n) {
+  for (size_t i = 0; i < n; i++) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
 void f16_to_f32_n(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
@@ -110,7 +114,7 @@ void f32_to_bf16_n(const float* src, uint16_t* dst, size_t n) {
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, weighted_sum_each<weighted_sum>, softmax_exp, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
+  static const Kernels k{"scalar", matmul, quantize_q8, matmul_q8, dot, axpy, scores, weighted_sum, weighted_sum_each<weighted_sum>, softmax_exp, silu_mul, f16_to_f32_n, f32_to_f16_n, bf16_to_f32_n, f32_to_bf16_n};
   return k;
 }
 
