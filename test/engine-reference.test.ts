@@ -19,6 +19,8 @@ interface Variant {
   intermediate?: number;
   /** Prompt length, when not the default 11 tokens. */
   promptLength?: number;
+  /** Head size, when not 16 (the AVX-512 attention kernels take 32, 64 and 128; others fall back). */
+  headDim?: number;
 }
 
 const variants: Variant[] = [
@@ -32,8 +34,10 @@ const variants: Variant[] = [
   { name: "llama GQA 2, F16 weights, MLP width 166", arch: "llama", heads: 4, kvHeads: 2, tie: false, bias: false, dtype: "f16", intermediate: 166 },
   // The AVX-512 prefill tile takes tokens 32 at a time (two vectors of 16): 45 tokens fill one
   // panel and leave 13 for a one-vector panel; the 8200-wide input of the down projection makes
-  // each block of transposed activations a single panel, so the tokens pass in two blocks.
-  { name: "llama GQA 2, BF16 weights, MLP width 8200, 45 tokens", arch: "llama", heads: 4, kvHeads: 2, tie: false, bias: false, dtype: "bf16", intermediate: 8200, promptLength: 45 },
+  // each block of transposed activations a single panel, so the tokens pass in two blocks. Head
+  // size 64 sends attention through the AVX-512 scores (16 keys at a time, then the rest) and the
+  // weighted sums of 4-query blocks.
+  { name: "llama GQA 2, BF16 weights, MLP width 8200, 45 tokens, head size 64", arch: "llama", heads: 4, kvHeads: 2, tie: false, bias: false, dtype: "bf16", intermediate: 8200, promptLength: 45, headDim: 64 },
 ];
 
 const prompt = [1, 450, 3000, 17, 9021, 44, 12000, 5, 49000, 77, 2];
@@ -54,7 +58,7 @@ async function build(v: Variant): Promise<{ model: Model; ref: RefWeights }> {
     overrides: {
       numHeads: v.heads,
       numKvHeads: v.kvHeads,
-      headDim: 16,
+      headDim: v.headDim ?? 16,
       tieWordEmbeddings: v.tie,
       attentionBias: v.bias,
       numLayers: 2,
