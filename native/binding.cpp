@@ -870,6 +870,7 @@ Napi::Value Simd(const Napi::CallbackInfo& info) {
   for (size_t i = 0; i < names.size(); i++) a.Set(uint32_t(i), names[i]);
   o.Set("available", a);
   o.Set("prefetchBytes", prefetch_bytes());
+  o.Set("decodeStreams", decode_streams());
   return o;
 }
 
@@ -881,6 +882,16 @@ Napi::Value SetPrefetch(const Napi::CallbackInfo& info) {
     throw Napi::RangeError::New(env, "setPrefetch: bytes must be an integer from 0 to " + std::to_string(kMaxPrefetchBytes));
   std::lock_guard<std::mutex> lock(g_compute);
   set_prefetch_bytes(int(bytes));
+  return env.Undefined();
+}
+
+Napi::Value SetDecodeStreams(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setDecodeStreams(streams: number)");
+  const double n = info[0].As<Napi::Number>().DoubleValue();
+  if (n != 1 && n != 2) throw Napi::RangeError::New(env, "setDecodeStreams: streams must be 1 or 2");
+  std::lock_guard<std::mutex> lock(g_compute);
+  set_decode_streams(int(n));
   return env.Undefined();
 }
 
@@ -929,6 +940,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));
   exports.Set("simd", Napi::Function::New(env, Simd));
   exports.Set("setPrefetch", Napi::Function::New(env, SetPrefetch));
+  exports.Set("setDecodeStreams", Napi::Function::New(env, SetDecodeStreams));
   exports.Set("cuda", Napi::Function::New(env, Cuda));
   return exports;
 }

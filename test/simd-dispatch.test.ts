@@ -12,17 +12,23 @@ import { tempDir } from "./support/paths.js";
 
 const ALL = ["scalar", "avx2", "avx512", "amx"];
 
-function loadWithEnv(simd: string, prefetch?: string): { status: number | null; stderr: string; active: string; prefetchBytes: number } {
+function loadWithEnv(
+  simd: string,
+  prefetch?: string,
+  streams?: string,
+): { status: number | null; stderr: string; active: string; prefetchBytes: number; decodeStreams: number } {
   const addon = join(packageRoot(), "build", "Release", "dki_native.node");
   const env: NodeJS.ProcessEnv = { ...process.env, DKI_SIMD: simd };
   if (prefetch === undefined) delete env.DKI_PREFETCH;
   else env.DKI_PREFETCH = prefetch;
-  const r = spawnSync(process.execPath, ["-e", `const s = require(${JSON.stringify(addon)}).simd(); console.log(s.active, s.prefetchBytes)`], {
+  if (streams === undefined) delete env.DKI_DECODE_STREAMS;
+  else env.DKI_DECODE_STREAMS = streams;
+  const r = spawnSync(process.execPath, ["-e", `const s = require(${JSON.stringify(addon)}).simd(); console.log(s.active, s.prefetchBytes, s.decodeStreams)`], {
     env,
     encoding: "utf8",
   });
-  const [active = "", bytes = "NaN"] = r.stdout.trim().split(" ");
-  return { status: r.status, stderr: r.stderr, active, prefetchBytes: Number(bytes) };
+  const [active = "", bytes = "NaN", n = "NaN"] = r.stdout.trim().split(" ");
+  return { status: r.status, stderr: r.stderr, active, prefetchBytes: Number(bytes), decodeStreams: Number(n) };
 }
 
 describe("SIMD dispatch", () => {
@@ -55,7 +61,7 @@ describe("SIMD dispatch", () => {
   });
 });
 
-describe("decode prefetch distance", () => {
+describe("decode prefetch distance and streams", () => {
   const models: Model[] = [];
   afterAll(() => models.forEach((m) => m.dispose()));
 
@@ -72,6 +78,18 @@ describe("decode prefetch distance", () => {
     for (const bad of [-1, 1.5, 2 ** 21, Number.NaN]) expect(() => native().setPrefetch(bad)).toThrow(/setPrefetch: bytes must be an integer from 0 to 1048576/);
   });
 
+  test("DKI_DECODE_STREAMS sets them at load; a bad value fails the load naming it; setDecodeStreams takes 1 or 2", () => {
+    expect(loadWithEnv("auto", undefined, "1").decodeStreams).toBe(1);
+    expect(loadWithEnv("auto", undefined, "2").decodeStreams).toBe(2);
+    expect([1, 2]).toContain(loadWithEnv("auto").decodeStreams); // 2 on Intel cores, 1 elsewhere
+    for (const bad of ["0", "3", "two", ""]) {
+      const r = loadWithEnv("auto", undefined, bad);
+      expect(r.status).toBe(1);
+      expect(r.stderr).toContain("DKI_DECODE_STREAMS: ");
+    }
+    for (const bad of [0, 3, 1.5, Number.NaN]) expect(() => native().setDecodeStreams(bad)).toThrow(/setDecodeStreams: streams must be 1 or 2/);
+  });
+
   // Rows longer than the prefetch distance, so the prefetched lines run ahead into the next rows.
   const shape = { numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 64, hiddenSize: 256, intermediateSize: 1024 };
   const prompt = [1, 450, 3000, 17, 9021, 44];
@@ -82,7 +100,7 @@ describe("decode prefetch distance", () => {
     ["f32", "q8_0"],
   ] as const;
 
-  test.each(weights)("decode logits are bit-identical with and without prefetching (%s weights, quantize %s), on every SIMD path", async (dtype, quantize) => {
+  test.each(weights)("decode logits are bit-identical with and without prefetching, in one or two streams (%s weights, quantize %s), on every SIMD path", async (dtype, quantize) => {
     const dir = tempDir();
     await makeTinyModel({ arch: "llama", preset: "tiny", dtype, out: dir, seed: 5, overrides: shape });
     const model = await Model.load(dir, { quantize, contextSize: 16 });
@@ -94,19 +112,24 @@ describe("decode prefetch distance", () => {
       ctx.dispose();
       return out;
     };
-    const before = native().simd().prefetchBytes;
+    const { prefetchBytes, decodeStreams } = native().simd();
     try {
       for (const simd of native().simd().available) {
         native().setSimd(simd);
         native().setPrefetch(0);
+        native().setDecodeStreams(1);
         const plain = await decode();
-        native().setPrefetch(512);
-        const prefetched = await decode();
-        prefetched.forEach((row, i) => expect(row, `${simd}, token ${i}`).toEqual(plain[i]));
+        for (const [bytes, streams] of [[512, 1], [0, 2], [512, 2]]) {
+          native().setPrefetch(bytes);
+          native().setDecodeStreams(streams);
+          const other = await decode();
+          other.forEach((row, i) => expect(row, `${simd}, prefetch ${bytes}, ${streams} streams, token ${i}`).toEqual(plain[i]));
+        }
       }
     } finally {
       native().setSimd("auto");
-      native().setPrefetch(before);
+      native().setPrefetch(prefetchBytes);
+      native().setDecodeStreams(decodeStreams);
     }
   });
 });

@@ -20,6 +20,7 @@ export function machine(native) {
     cpuFlags: flags,
     simd: native?.simd().active,
     prefetchBytes: native?.simd().prefetchBytes,
+    decodeStreams: native?.simd().decodeStreams,
     threads: native?.getThreads(),
     node: process.version,
     date: new Date().toISOString(),

@@ -12,7 +12,7 @@ export function writeResults(name, { machine, rows, columns, notes = [] }) {
     `# ${name}`,
     "",
     `Machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, flags ${machine.cpuFlags.join(" ")}; ` +
-      `SIMD path ${machine.simd}, ${machine.threads} threads${machine.prefetchBytes ? `, prefetch ${machine.prefetchBytes} B` : ""}; Node ${machine.node}; ${machine.date}`,
+      `SIMD path ${machine.simd}, ${machine.threads} threads${machine.prefetchBytes ? `, prefetch ${machine.prefetchBytes} B` : ""}${machine.decodeStreams ? `, ${machine.decodeStreams} decode stream${machine.decodeStreams > 1 ? "s" : ""}` : ""}; Node ${machine.node}; ${machine.date}`,
     "",
     `| ${columns.join(" | ")} |`,
     `| ${columns.map(() => "---").join(" | ")} |`,

@@ -106,6 +106,29 @@ std::atomic<int>& prefetch() {
   return p;
 }
 
+int checked_streams(long long streams) {
+  if (streams != 1 && streams != 2) throw Error("decode streams must be 1 or 2, not " + std::to_string(streams));
+  return int(streams);
+}
+
+std::atomic<int>& streams() {
+  static std::atomic<int> n{[] {
+    const char* env = std::getenv("DKI_DECODE_STREAMS");
+    const int fallback = cpu_is_intel() ? 2 : 1;
+    if (!env) return fallback;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    try {
+      if (*env == '\0' || *end != '\0') throw Error(std::string("\"") + env + "\" is not a number");
+      return checked_streams(v);
+    } catch (const Error& e) {
+      if (env_error().empty()) env_error() = std::string("DKI_DECODE_STREAMS: ") + e.what();
+      return fallback;
+    }
+  }()};
+  return n;
+}
+
 }  // namespace
 
 const Kernels& kernels() { return *active().load(std::memory_order_relaxed); }
@@ -115,12 +138,17 @@ void set_simd(const std::string& name) { active().store(pick(name)); }
 const std::string& simd_env_error() {
   active();
   prefetch();
+  streams();
   return env_error();
 }
 
 int prefetch_bytes() { return prefetch().load(std::memory_order_relaxed); }
 
 void set_prefetch_bytes(int bytes) { prefetch().store(checked_prefetch(bytes)); }
+
+int decode_streams() { return streams().load(std::memory_order_relaxed); }
+
+void set_decode_streams(int n) { streams().store(checked_streams(n)); }
 
 std::vector<std::string> available_simd() {
   std::vector<std::string> out{"scalar"};

@@ -78,6 +78,17 @@ void weighted_sum_each(const float* w, int ldw, int nq, const float* v, int n, i
   for (int j = 0; j < nq; j++) kWeightedSum(w + size_t(j) * ldw, v, n, hd, out + size_t(j) * ldo);
 }
 
+// How many rows the Q8_0 decode loop streams side by side: 1, or 2 (one from each half of a
+// thread's rows). A server Intel core keeps more misses in flight for two streams than for one:
+// that loop went from 12.7 to 15.1 GB/s on one Xeon core, 1B Q8_0 decode from 20.3 to 23.3 tok/s.
+// (The F16 loop already streams at the memory bound there; two rows did not speed it up.) So 2 is
+// the default on Intel; elsewhere 1, unmeasured with 2 (a Zen 4 core streamed 30 GB/s from one
+// row at a time, 18 from four adjacent rows interleaved). DKI_DECODE_STREAMS or
+// set_decode_streams overrides it. Each row's sum is the same either way.
+int decode_streams();
+// Throws unless streams is 1 or 2.
+void set_decode_streams(int streams);
+
 // What a decode loop calls as it streams a row: prefetches into L2 the kBytes that lie `ahead`
 // bytes past p (one request per cache line), or nothing when ahead is 0.
 template <int kBytes>

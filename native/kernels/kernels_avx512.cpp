@@ -117,12 +117,12 @@ inline void with_count(int n, F&& f) {
   f(std::integral_constant<int, kMax>());
 }
 
-// Decode: one row at a time, the single stream of the AVX2 loop, but with one vpdpbusd per block
-// and no shuffle-port work in it. The AVX2 loop converts both fp16 scales and broadcasts their
-// product every block, which on a server Intel core all queue on one port (~10 GB/s of Q8_0 per
-// core; this loop with prefetching streams ~22). Weights enter offset to unsigned, as for prefill;
-// the weight's scale comes from a table of every fp16 value (broadcast straight from memory),
-// the activation's from its prepared block.
+// Decode: the rows stream past once, with one vpdpbusd per block and no shuffle-port work. The
+// AVX2 loop converts both fp16 scales and broadcasts their product every block, which on a server
+// Intel core all queue on one port (~10 GB/s of Q8_0 per core). Weights enter offset to unsigned,
+// as for prefill; the weight's scale comes from a table of every fp16 value (broadcast straight
+// from memory), the activation's from its prepared block. With decode_streams() == 2, two rows,
+// one from each half of the range, are read side by side (kernels.h says why).
 struct alignas(32) DecodeAct {
   int32_t start[8];  // lane 0: −128·Σx over the block; the other lanes 0
   float d[8];        // the block's scale in every lane
@@ -148,27 +148,30 @@ DKI_AVX512 void decode_acts(const unsigned char* xq, int nb, DecodeAct* out) {
   }
 }
 
-DKI_AVX512 float q8_row_dot(const unsigned char* w, const unsigned char* xq, const DecodeAct* acts, int nb, const float* table, int ahead) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+template <int NR>
+DKI_AVX512 void q8_rows_dot(const unsigned char* const (&w)[NR], const unsigned char* xq, const DecodeAct* acts, int nb, const float* table, int ahead, float (&out)[NR]) {
+  __m256 acc[NR][2];
+  for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i flip = _mm256_set1_epi8(char(0x80));
-  auto block = [&](int blk, int j) DKI_AVX512 {
-    const unsigned char* wb = w + size_t(blk) * kQ8BlockBytes;
+  auto block = [&](int r, int blk, int j) DKI_AVX512 {
+    const unsigned char* wb = w[r] + size_t(blk) * kQ8BlockBytes;
     uint16_t dw;
     __builtin_memcpy(&dw, wb, 2);
     const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)), flip);
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(blk) * kQ8BlockBytes + 2));
     const __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(acts[blk].start)), u, x);
     const __m256 px = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_load_ps(acts[blk].d));
-    acc[j] = _mm256_fmadd_ps(px, _mm256_broadcast_ss(table + dw), acc[j]);
+    acc[r][j] = _mm256_fmadd_ps(px, _mm256_broadcast_ss(table + dw), acc[r][j]);
   };
   int b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    prefetch_ahead<4 * kQ8BlockBytes>(w + size_t(b) * kQ8BlockBytes, ahead);
-    for (int j = 0; j < 4; j++) block(b + j, j);
+  for (; b + 2 <= nb; b += 2) {
+    for (int r = 0; r < NR; r++) prefetch_ahead<2 * kQ8BlockBytes>(w[r] + size_t(b) * kQ8BlockBytes, ahead);
+    for (int j = 0; j < 2; j++)
+      for (int r = 0; r < NR; r++) block(r, b + j, j);
   }
-  for (; b < nb; b++) block(b, 0);
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  return _mm512_reduce_add_ps(_mm512_zextps256_ps512(s));
+  for (; b < nb; b++)
+    for (int r = 0; r < NR; r++) block(r, b, 0);
+  for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(_mm512_zextps256_ps512(_mm256_add_ps(acc[r][0], acc[r][1])));
 }
 
 DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const unsigned char* xq, int T, float* y, int ldy) {
@@ -180,12 +183,26 @@ DKI_AVX512 void matmul_q8(const unsigned char* W, int in, int r0, int r1, const 
     for (int t = 0; t < T; t++) decode_acts(xq + size_t(t) * row_bytes, nb, acts.data() + size_t(t) * nb);
     const float* table = f16_table();
     const int ahead = prefetch_bytes();
-    for (int r = r0; r < r1; r++)
+    // Rows r0 + i and r0 + half + i side by side (two streams), the last one alone when the count
+    // is odd; with one stream, half covers them all and rb never is a row.
+    const int half = decode_streams() == 2 ? (r1 - r0 + 1) / 2 : r1 - r0;
+    for (int i = 0; i < half; i++) {
+      const int ra = r0 + i, rb = r0 + half + i;
       for (int t = 0; t < T; t++) {
-        const unsigned char *w = W + size_t(r) * row_bytes, *x = xq + size_t(t) * row_bytes;
+        const unsigned char* x = xq + size_t(t) * row_bytes;
         const DecodeAct* a = acts.data() + size_t(t) * nb;
-        y[size_t(t) * ldy + r] = q8_row_dot(w, x, a, nb, table, ahead);
+        float* yt = y + size_t(t) * ldy;
+        if (rb < r1) {
+          float out[2];
+          q8_rows_dot<2>({W + size_t(ra) * row_bytes, W + size_t(rb) * row_bytes}, x, a, nb, table, ahead, out);
+          yt[ra] = out[0], yt[rb] = out[1];
+        } else {
+          float out[1];
+          q8_rows_dot<1>({W + size_t(ra) * row_bytes}, x, a, nb, table, ahead, out);
+          yt[ra] = out[0];
+        }
       }
+    }
     return;
   }
   int r = r0;

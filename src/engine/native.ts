@@ -130,10 +130,15 @@ export interface NativeAddon {
   /** Bytes the K/V buffer pool holds now. */
   kvPoolBytes(): number;
   setSimd(name: string): void;
-  /** prefetchBytes: how far ahead decode loops prefetch weight rows (0: hardware prefetcher only). */
-  simd(): { active: string; available: string[]; prefetchBytes: number };
+  /**
+   * prefetchBytes: how far ahead decode loops prefetch weight rows (0: hardware prefetcher only);
+   * decodeStreams: how many rows the Q8_0 decode loop streams side by side (1 or 2).
+   */
+  simd(): { active: string; available: string[]; prefetchBytes: number; decodeStreams: number };
   /** Overrides the prefetch distance (DKI_PREFETCH at load does the same); arithmetic is unchanged. */
   setPrefetch(bytes: number): void;
+  /** Overrides the decode streams, 1 or 2 (DKI_DECODE_STREAMS at load does the same); arithmetic is unchanged. */
+  setDecodeStreams(streams: number): void;
   /** Whether this addon has the CUDA backend (npm run build:cuda) and the GPUs it sees; reason says why none. */
   cuda(): { built: boolean; devices: number; names: string[]; reason: string };
 }
