@@ -185,33 +185,11 @@ size_t storage_bytes(const KVBlock& b, KVStorage storage) {
   return payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
 }
 
-uint64_t checksum64(const unsigned char* data, size_t size) {
-  // Four independent multiply-xorshift lanes over 8-byte words, then a final mix: several GB/s,
-  // and any single flipped bit changes the result.
-  const uint64_t kMul = 0x9fb21c651e98df25ull;
-  uint64_t lanes[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
-  size_t i = 0;
-  for (; i + 32 <= size; i += 32)
-    for (int j = 0; j < 4; j++) {
-      uint64_t w;
-      std::memcpy(&w, data + i + 8 * j, 8);
-      lanes[j] = (lanes[j] ^ w) * kMul;
-      lanes[j] ^= lanes[j] >> 29;
-    }
-  uint64_t h = size;
-  for (int j = 0; j < 4; j++) h = (h ^ lanes[j]) * kMul, h ^= h >> 32;
-  for (; i < size; i++) h = (h ^ data[i]) * 0x100000001b3ull;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return h;
-}
-
 namespace {
-// Checksum of a header (with its checksum field zeroed) followed by a body stored elsewhere.
-uint64_t checksum_parts(const unsigned char* head, size_t head_size, const unsigned char* body, size_t body_size) {
-  uint64_t h = checksum64(head, head_size) * 0x9fb21c651e98df25ull;
-  h ^= checksum64(body, body_size);
+// A block's checksum from those of its header (checksum field zeroed) and its body.
+uint64_t block_checksum(uint64_t head, uint64_t body) {
+  uint64_t h = head * 0x9fb21c651e98df25ull;
+  h ^= body;
   h ^= h >> 31;
   return h;
 }
@@ -350,7 +328,7 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
   h.fingerprint = b.fingerprint;
   h.body_bytes = body;
   h.checksum = 0;
-  h.checksum = checksum_parts(reinterpret_cast<const unsigned char*>(&h), sizeof h, out.data() + sizeof(Header), body);
+  h.checksum = block_checksum(checksum64(reinterpret_cast<const unsigned char*>(&h), sizeof h), checksum64(out.data() + sizeof(Header), body));
   std::memcpy(out.data(), &h, sizeof h);
   return out;
 }
@@ -371,16 +349,6 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
   if (h.body_bytes != body) throw Error("K/V block header says " + std::to_string(h.body_bytes) + " body bytes, its dimensions need " + std::to_string(body));
   if (size - sizeof(Header) < body) throw Error("K/V block is truncated: " + std::to_string(size) + " bytes, expected " + std::to_string(sizeof(Header) + body));
   if (size - sizeof(Header) > body) throw Error("K/V block has " + std::to_string(size - sizeof(Header) - body) + " trailing bytes");
-  {
-    // The checksum covers the header too (a flipped start position or fingerprint is corruption).
-    // Hash a copy of the header with the checksum field zeroed, then the body in place.
-    Header zeroed = h;
-    zeroed.checksum = 0;
-    if (checksum_parts(reinterpret_cast<const unsigned char*>(&zeroed), sizeof zeroed, data + sizeof(Header), body) != h.checksum)
-      throw Error("K/V block checksum mismatch (corrupt data)");
-  }
-  if (expected_fingerprint != 0 && h.fingerprint != expected_fingerprint) throw Error("K/V block was computed by another model (fingerprint mismatch)");
-
   auto b = std::make_shared<KVBlock>();
   b->n_layers = h.n_layers;
   b->n_kv_heads = h.n_kv_heads;
@@ -391,17 +359,33 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
   size_t at = sizeof(Header);
   b->tokens.resize(h.n_tokens);
   for (auto& t : b->tokens) t = get<int32_t>(data, at);
+  const unsigned char* payload = data + at;
+
+  // The checksum covers the header too (a flipped start position or fingerprint is corruption):
+  // a copy of the header with the checksum field zeroed, then the body (token ids, payload) in
+  // place. A restore onto a GPU hashes the payload as it stages it for upload (one read of it);
+  // its device block is dropped below, before anyone sees it, when the sum is wrong.
+  Header zeroed = h;
+  zeroed.checksum = 0;
+  Checksum64 body_hash;
+  body_hash.update(data + sizeof(Header), size_t(h.n_tokens) * 4);
   if (device >= 0) {
 #ifdef DKI_CUDA
-    b->device = cuda_decode_payload(*b, storage, data + at, device);
-    return b;
+    b->device = cuda_decode_payload(*b, storage, payload, device, body_hash);
 #else
     throw Error("this addon was built without CUDA: a K/V block cannot be restored into GPU memory");
 #endif
+  } else {
+    body_hash.update(payload, body - size_t(h.n_tokens) * 4);
   }
+  if (block_checksum(checksum64(reinterpret_cast<const unsigned char*>(&zeroed), sizeof zeroed), body_hash.digest()) != h.checksum)
+    throw Error("K/V block checksum mismatch (corrupt data)");
+  if (expected_fingerprint != 0 && h.fingerprint != expected_fingerprint) throw Error("K/V block was computed by another model (fingerprint mismatch)");
+  if (b->device) return b;
+
   b->k.resize(b->elements());
   b->v.resize(b->elements());
-  decode_payload(*b, storage, data + at);
+  decode_payload(*b, storage, payload);
   return b;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "checksum.h"
 #include "kv_block.h"
 
 namespace dki {
@@ -34,13 +35,10 @@ KVStorage parse_storage(const std::string& name);
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage);
 // Parses and verifies a serialised block; throws a dki::Error naming the problem for a short,
 // corrupt or foreign buffer. expected_fingerprint 0 skips the model check. device ≥ 0 decodes
-// the payload on that GPU into a device block (only the stored bytes cross PCIe); the checks
-// all run first, on the host.
+// the payload on that GPU into a device block (only the stored bytes cross PCIe); the header's
+// checks run first, the checksum as the payload is staged, and a block that fails it is dropped.
 BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint, int device = -1);
 // Bytes a block takes in a storage form (payload only, without header and token ids).
 size_t storage_bytes(const KVBlock& b, KVStorage storage);
-
-// 64-bit checksum of a byte range (fast, not cryptographic).
-uint64_t checksum64(const unsigned char* data, size_t size);
 
 }  // namespace dki

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU backend and transformers (issue #9, must-show 1). Runs only
 // where the addon was built with `npm run build:cuda` and sees a GPU (bench/gpu/run.sh on the GPU
 // host); elsewhere every test here is skipped, and device.test.ts checks the error paths.
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
@@ -9,7 +10,7 @@ import { LogitsMode, native } from "../src/engine/native.js";
 import { TieredKVCache } from "../src/cache/index.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
-import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
+import { fixtures, maxAbsDiff, repoRoot, tempDir } from "./support/paths.js";
 
 const gpu = native().cuda().devices > 0;
 const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(...a.map((row, i) => maxAbsDiff(row, b[i])));
@@ -151,12 +152,43 @@ describe.skipIf(!gpu)("CUDA backend", () => {
 
   describe("K/V blocks in GPU memory", () => {
     let m: Model;
+    const dir = tempDir();
     beforeAll(async () => {
-      const dir = tempDir();
       await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 4, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16 } });
       m = await Model.load(dir, { contextSize: 256, device: "cuda" });
     });
     afterAll(() => m.dispose());
+
+    /** test/support/staged-restore.mjs in a process whose uploads use `chunk`-byte staging chunks. */
+    function stagedRestore(chunk: string) {
+      const script = join(repoRoot, "test", "support", "staged-restore.mjs");
+      const r = spawnSync(process.execPath, [script, join(repoRoot, "dist"), dir, "300"], {
+        env: { ...process.env, DKI_CUDA_STAGING_CHUNK: chunk },
+        encoding: "utf8",
+      });
+      if (r.status !== 0) throw new Error(`staged-restore.mjs failed: ${r.stderr}`);
+      return JSON.parse(r.stdout) as {
+        error?: string;
+        toDevice?: boolean;
+        storages: Record<string, { bytes: number; same: boolean }>;
+        corrupt: Record<string, string | null>;
+      };
+    }
+
+    test("uploads go through pinned staging chunks: 48-byte chunks (hash words and elements cut anywhere) give the same tensors, and a flipped bit in any chunk is refused", () => {
+      const r = stagedRestore("48");
+      expect(r.error).toBeUndefined();
+      expect(r.toDevice).toBe(true);
+      for (const storage of ["f32", "f16", "bf16", "int8"]) {
+        expect(r.storages[storage].bytes, storage).toBeGreaterThan(100 * 48);  // many chunks
+        expect(r.storages[storage].same, storage).toBe(true);
+      }
+      expect(r.corrupt).toEqual({ first: expect.stringMatching(/checksum mismatch/), last: expect.stringMatching(/checksum mismatch/) });
+    });
+
+    test("a bad DKI_CUDA_STAGING_CHUNK is an error naming it", () => {
+      expect(stagedRestore("40").error).toMatch(/DKI_CUDA_STAGING_CHUNK must be a multiple of 16 bytes from 16 to 1 GiB, not "40"/);
+    });
 
     test("toDevice / toHost round trip is exact, and a device block names what needs the host", async () => {
       const host = await m.computeBlock(memory);
@@ -187,7 +219,8 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         expect(back.keys(), storage).toEqual(onHost.keys());
         expect(back.values(), storage).toEqual(onHost.values());
       }
-      // Corrupt bytes are refused before anything reaches the GPU.
+      // Corrupt bytes are refused: the checksum, computed as the payload is staged, fails and the
+      // restored block is dropped.
       const bad = await host.serialize("int8");
       bad[100] ^= 4;
       await expect(KVBlock.deserialize(m.nativeHandle(), bad, { onDevice: true })).rejects.toThrow(/checksum mismatch/);

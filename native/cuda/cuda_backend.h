@@ -38,9 +38,12 @@ std::shared_ptr<const KVBlock> cuda_block_to_host(std::shared_ptr<const KVBlock>
 // serialize_block's payload (after the token ids) of a block in GPU memory, computed on its GPU
 // and copied to out (payload_bytes long): the same bytes as from the block's host copy.
 void cuda_encode_payload(const KVBlock& b, KVStorage storage, unsigned char* out);
-// The inverse: a verified payload of a block shaped like `shape`, decoded into new memory on GPU
-// `device`. Only the stored bytes are uploaded (a quarter of fp32 for int8).
-std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device);
+// The inverse: the payload of a block shaped like `shape`, decoded into new memory on GPU
+// `device`. Only the stored bytes are uploaded (a quarter of fp32 for int8), through pinned
+// staging chunks; each chunk is fed to `hash` as it is copied there, so the caller verifies the
+// block without a second read of the payload (and drops the result if it fails).
+std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device,
+                                                    Checksum64& hash);
 // kv_ops.h's operations on a block in GPU memory (b.device set); results stay on that GPU.
 // Arguments are checked by the kv_ops.h functions that call these.
 std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha);

@@ -5,8 +5,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
@@ -107,10 +111,11 @@ __global__ void quantize_kernel(const float* x, const float* scale, size_t n, in
   q[i] = s > 0 ? int8_t(fminf(fmaxf(rintf(x[i] / s), -127.f), 127.f)) : int8_t(0);
 }
 
+// Elements [base, base + n) of a tensor from their int8 values q[0, n).
 template <bool kPerChannel>
-__global__ void dequantize_kernel(const int8_t* q, const float* scale, size_t n, int T, int hd, float* x) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = float(q[i]) * scale_of<kPerChannel>(scale, i, T, hd);
+__global__ void dequantize_kernel(const int8_t* q, const float* scale, size_t base, size_t n, int T, int hd, float* x) {
+  const size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < n) x[base + j] = float(q[j]) * scale_of<kPerChannel>(scale, base + j, T, hd);
 }
 
 template <bool kBF16>
@@ -155,6 +160,111 @@ void from_half_form(KVStorage storage, const uint16_t* h, size_t n, float* x, cu
   if (storage == KVStorage::BF16) from_half_kernel<true><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
   else from_half_kernel<false><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
   DKI_CUDA_LAUNCHED();
+}
+
+// --- Uploads through pinned staging memory ------------------------------------------------------
+//
+// A payload in pageable memory (a Node Buffer, an L3 file's bytes) is not DMA'd as it is: the
+// driver would copy it through a small pinned buffer of its own, synchronously. Each GPU has a
+// ring of kSlots pinned chunks instead, each with a device chunk beside it. The calling worker
+// thread copies (and hashes) chunk i into pinned slot i % kSlots while the copy engine moves
+// chunk i − 1, and a kernel turns each chunk from its stored form into the block's fp32. Device
+// memory beyond the block itself: the ring and the int8 scales of the block being restored.
+
+constexpr int kSlots = 2;
+
+// DKI_CUDA_STAGING_CHUNK (bytes) sets the chunk size; tests make it tiny to cross every boundary.
+size_t staging_chunk_bytes() {
+  const char* env = std::getenv("DKI_CUDA_STAGING_CHUNK");
+  if (!env) return size_t(4) << 20;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (*env == '\0' || *end != '\0' || v < 16 || v > (1ull << 30) || v % 16 != 0)
+    throw Error(std::string("DKI_CUDA_STAGING_CHUNK must be a multiple of 16 bytes from 16 to 1 GiB, not \"") + env + "\"");
+  return size_t(v);
+}
+
+struct UploadLane {
+  std::mutex mutex;  // one upload at a time per GPU: they share the ring (and PCIe)
+  cudaStream_t stream = nullptr;
+  size_t chunk = 0;
+  PinnedBuffer host[kSlots];
+  DeviceBuffer dev[kSlots];
+  cudaEvent_t reusable[kSlots] = {};  // recorded after the last work that reads the slot
+  DeviceBuffer scales;                // int8 key scales, then value scales; grows as needed
+
+  explicit UploadLane(int device) : chunk(staging_chunk_bytes()) {
+    DKI_CUDA_CHECK(cudaSetDevice(device));
+    DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < kSlots; i++) {
+      host[i].allocate(chunk, "K/V upload staging");
+      dev[i].allocate(chunk, "K/V upload staging");
+      DKI_CUDA_CHECK(cudaEventCreateWithFlags(&reusable[i], cudaEventDisableTiming));
+    }
+  }
+};
+
+// The lane of GPU `device`, made on first use. Never destroyed: the CUDA runtime may be gone by
+// the time static objects are.
+UploadLane& upload_lane(int device) {
+  static std::mutex mutex;
+  static std::map<int, UploadLane*> lanes;
+  std::lock_guard<std::mutex> lock(mutex);
+  UploadLane*& lane = lanes[device];
+  if (!lane) lane = new UploadLane(device);  // a throw leaves it null, to be tried again
+  return *lane;
+}
+
+// A stretch of host bytes in one stored form, and where its contents land on the device.
+struct Section {
+  enum Kind { Bytes, Half, Int8 } kind;
+  const unsigned char* src;
+  size_t bytes;
+  void* dst;                  // Bytes: the device address of byte 0; otherwise the fp32 tensor
+  const float* scale = nullptr;  // Int8: the tensor's scales (already uploaded by a Bytes section)
+  bool per_channel = false;      // Int8: keys (per channel) or values (per row)
+};
+
+// Uploads the sections in order on the lane's stream and waits for them; each byte passes
+// through `hash` on its way into pinned memory when hash is not null. Half sections are f16, or
+// bf16 when storage is BF16. Chunk sizes are multiples of 16 bytes, so no element is split.
+// The caller holds lane.mutex.
+void upload(UploadLane& lane, const std::vector<Section>& sections, KVStorage storage, int T, int hd, Checksum64* hash) {
+  cudaStream_t s = lane.stream;
+  try {
+    int slot = 0;
+    for (const Section& sec : sections) {
+      for (size_t done = 0; done < sec.bytes;) {
+        const size_t n = std::min(lane.chunk, sec.bytes - done);
+        DKI_CUDA_CHECK(cudaEventSynchronize(lane.reusable[slot]));
+        unsigned char* pinned = lane.host[slot].get<unsigned char>();
+        if (hash) hash->update_copy(sec.src + done, pinned, n);
+        else std::memcpy(pinned, sec.src + done, n);
+        if (sec.kind == Section::Bytes) {
+          DKI_CUDA_CHECK(cudaMemcpyAsync(static_cast<unsigned char*>(sec.dst) + done, pinned, n, cudaMemcpyHostToDevice, s));
+        } else {
+          DKI_CUDA_CHECK(cudaMemcpyAsync(lane.dev[slot].get(), pinned, n, cudaMemcpyHostToDevice, s));
+          float* x = static_cast<float*>(sec.dst);
+          if (sec.kind == Section::Half) {
+            from_half_form(storage, lane.dev[slot].get<uint16_t>(), n / 2, x + done / 2, s);
+          } else {
+            const int8_t* q = lane.dev[slot].get<int8_t>();
+            if (sec.per_channel) dequantize_kernel<true><<<grid_for(n), kThreads, 0, s>>>(q, sec.scale, done, n, T, hd, x);
+            else dequantize_kernel<false><<<grid_for(n), kThreads, 0, s>>>(q, sec.scale, done, n, T, hd, x);
+            DKI_CUDA_LAUNCHED();
+          }
+        }
+        DKI_CUDA_CHECK(cudaEventRecord(lane.reusable[slot], s));
+        slot = (slot + 1) % kSlots;
+        done += n;
+      }
+    }
+    DKI_CUDA_CHECK(cudaStreamSynchronize(s));
+  } catch (...) {
+    cudaStreamSynchronize(s);  // nothing of this upload may still be in flight once it has failed
+    cudaGetLastError();
+    throw;
+  }
 }
 
 }  // namespace
@@ -203,44 +313,40 @@ void cuda_encode_payload(const KVBlock& b, KVStorage storage, unsigned char* out
   }
 }
 
-std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device) {
+std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device,
+                                                    Checksum64& hash) {
   const size_t n = shape.elements();
-  const int T = shape.n_tokens, hd = shape.head_dim;
-  CopyStream s(device);
+  UploadLane& lane = upload_lane(device);
+  std::lock_guard<std::mutex> lock(lane.mutex);
+  DKI_CUDA_CHECK(cudaSetDevice(device));
   auto d = std::make_shared<DeviceKV>(device, n);
   float *k = d->k.get<float>(), *v = d->v.get<float>();
-  const auto upload = [&](void* to, const unsigned char* from, size_t bytes) {
-    DKI_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, s.get()));
-  };
+  std::vector<Section> sections;
   switch (storage) {
     case KVStorage::F32:
-      upload(k, payload, n * 4);
-      upload(v, payload + n * 4, n * 4);
+      sections = {{Section::Bytes, payload, n * 4, k}, {Section::Bytes, payload + n * 4, n * 4, v}};
       break;
     case KVStorage::F16:
-    case KVStorage::BF16: {
-      DeviceBuffer half(4 * n, "a half-precision K/V payload");
-      upload(half.get(), payload, 4 * n);
-      from_half_form(storage, half.get<uint16_t>(), n, k, s.get());
-      from_half_form(storage, half.get<uint16_t>() + n, n, v, s.get());
-      s.wait();  // before `half` is freed
+    case KVStorage::BF16:
+      sections = {{Section::Half, payload, n * 2, k}, {Section::Half, payload + n * 2, n * 2, v}};
       break;
-    }
     case KVStorage::Int8: {
-      Int8Parts p(shape);
-      upload(p.ks(), payload, p.kscales * 4);
-      upload(p.kq(), payload + p.kq_at, n);
-      upload(p.vs(), payload + p.vs_at, p.vscales * 4);
-      upload(p.vq(), payload + p.vq_at, n);
-      dequantize_kernel<true><<<grid_for(n), kThreads, 0, s.get()>>>(p.kq(), p.ks(), n, T, hd, k);
-      DKI_CUDA_LAUNCHED();
-      dequantize_kernel<false><<<grid_for(n), kThreads, 0, s.get()>>>(p.vq(), p.vs(), n, T, hd, v);
-      DKI_CUDA_LAUNCHED();
-      s.wait();  // before the scratch is freed
+      // [key scales][key int8][value scales][value int8]; the scales land in the lane's buffer.
+      const size_t kscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.head_dim;
+      const size_t vscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.n_tokens;
+      const size_t want = (kscales + vscales) * sizeof(float);
+      if (lane.scales.bytes() < want) lane.scales.allocate(want, "int8 K/V scales");
+      float* ks = lane.scales.get<float>();
+      float* vs = ks + kscales;
+      const unsigned char* p = payload;
+      sections = {{Section::Bytes, p, kscales * 4, ks},
+                  {Section::Int8, p + kscales * 4, n, k, ks, true},
+                  {Section::Bytes, p + kscales * 4 + n, vscales * 4, vs},
+                  {Section::Int8, p + kscales * 4 + n + vscales * 4, n, v, vs, false}};
       break;
     }
   }
-  s.wait();
+  upload(lane, sections, storage, shape.n_tokens, shape.head_dim, &hash);
   return d;
 }
 
@@ -256,11 +362,14 @@ std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBloc
   if (b->device) {  // on another GPU
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->k.get(), device, b->device->k.get(), b->device->device, bytes, s.get()));
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->v.get(), device, b->device->v.get(), b->device->device, bytes, s.get()));
+    s.wait();
   } else {
-    DKI_CUDA_CHECK(cudaMemcpyAsync(d->k.get(), host_kv(*b, "toDevice").k.data(), bytes, cudaMemcpyHostToDevice, s.get()));
-    DKI_CUDA_CHECK(cudaMemcpyAsync(d->v.get(), b->v.data(), bytes, cudaMemcpyHostToDevice, s.get()));
+    const auto* k = reinterpret_cast<const unsigned char*>(host_kv(*b, "toDevice").k.data());
+    const auto* v = reinterpret_cast<const unsigned char*>(b->v.data());
+    UploadLane& lane = upload_lane(device);
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    upload(lane, {{Section::Bytes, k, bytes, d->k.get()}, {Section::Bytes, v, bytes, d->v.get()}}, KVStorage::F32, 0, 0, nullptr);
   }
-  s.wait();
   out->device = std::move(d);
   return out;
 }

@@ -1,0 +1,49 @@
+// Child process of cuda.test.ts: restores K/V blocks onto the GPU under the DKI_CUDA_STAGING_CHUNK
+// this process was started with, and prints what it found as JSON. Usage:
+//   node staged-restore.mjs <dist folder> <model folder> <memory length>
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+
+const [dist, modelDir, length] = process.argv.slice(2);
+const load = (path) => import(pathToFileURL(join(dist, path)).href);
+const { Model } = await load("src/engine/model.js");
+const { KVBlock } = await load("src/kv/kv-block.js");
+
+const same = (a, b) => a.length === b.length && a.every((x, i) => Object.is(x, b[i]));
+const refusal = async (bytes) => {
+  try {
+    (await KVBlock.deserialize(model.nativeHandle(), bytes, { onDevice: true })).dispose();
+    return null;
+  } catch (e) {
+    return String(e.message);
+  }
+};
+
+const model = await Model.load(modelDir, { contextSize: Number(length) + 8, device: "cuda" });
+const memory = Array.from({ length: Number(length) }, (_, i) => (i * 7919 + 11) % 49152);
+const host = await model.computeBlock(memory, { startPos: 3 });
+const out = { storages: {}, corrupt: {} };
+try {
+  const dev = await host.toDevice();
+  const back = await dev.toHost();
+  out.toDevice = same(back.keys(), host.keys()) && same(back.values(), host.values());
+} catch (e) {
+  out.error = String(e.message);
+}
+if (!out.error) {
+  for (const storage of ["f32", "f16", "bf16", "int8"]) {
+    const bytes = await host.serialize(storage);
+    const onHost = await KVBlock.deserialize(model.nativeHandle(), bytes);
+    const back = await (await KVBlock.deserialize(model.nativeHandle(), bytes, { onDevice: true })).toHost();
+    out.storages[storage] = { bytes: bytes.length, same: same(back.keys(), onHost.keys()) && same(back.values(), onHost.values()) };
+  }
+  // A flipped bit in the first and in the last payload byte: each lies in a different chunk.
+  const bytes = await host.serialize("f16");
+  for (const [name, at] of [["first", 64 + 4 * memory.length], ["last", bytes.length - 1]]) {
+    const bad = Uint8Array.from(bytes);
+    bad[at] ^= 1;
+    out.corrupt[name] = await refusal(bad);
+  }
+}
+model.dispose();
+console.log(JSON.stringify(out));
