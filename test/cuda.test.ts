@@ -170,18 +170,18 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       return JSON.parse(r.stdout) as {
         error?: string;
         toDevice?: boolean;
-        storages: Record<string, { bytes: number; same: boolean }>;
+        storages: Record<string, { bytes: number; encoded: boolean; decoded: boolean }>;
         corrupt: Record<string, string | null>;
       };
     }
 
-    test("uploads go through pinned staging chunks: 48-byte chunks (hash words and elements cut anywhere) give the same tensors, and a flipped bit in any chunk is refused", () => {
+    test("copies go through pinned staging chunks: with 48-byte chunks (hash words cut anywhere) every storage encodes to the host's bytes and decodes to its tensors, and a flipped bit in any chunk is refused", () => {
       const r = stagedRestore("48");
       expect(r.error).toBeUndefined();
       expect(r.toDevice).toBe(true);
       for (const storage of ["f32", "f16", "bf16", "int8"]) {
         expect(r.storages[storage].bytes, storage).toBeGreaterThan(100 * 48);  // many chunks
-        expect(r.storages[storage].same, storage).toBe(true);
+        expect(r.storages[storage], storage).toMatchObject({ encoded: true, decoded: true });
       }
       expect(r.corrupt).toEqual({ first: expect.stringMatching(/checksum mismatch/), last: expect.stringMatching(/checksum mismatch/) });
     });

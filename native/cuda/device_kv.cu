@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
@@ -103,12 +104,13 @@ __device__ __forceinline__ float scale_of(const float* scale, size_t i, int T, i
   return kPerChannel ? scale[(i / (size_t(T) * hd)) * hd + i % hd] : scale[i / hd];
 }
 
+// Elements [base, base + n) of a tensor as int8 values q[0, n).
 template <bool kPerChannel>
-__global__ void quantize_kernel(const float* x, const float* scale, size_t n, int T, int hd, int8_t* q) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float s = scale_of<kPerChannel>(scale, i, T, hd);
-  q[i] = s > 0 ? int8_t(fminf(fmaxf(rintf(x[i] / s), -127.f), 127.f)) : int8_t(0);
+__global__ void quantize_kernel(const float* x, const float* scale, size_t base, size_t n, int T, int hd, int8_t* q) {
+  const size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  const float s = scale_of<kPerChannel>(scale, base + j, T, hd);
+  q[j] = s > 0 ? int8_t(fminf(fmaxf(rintf(x[base + j] / s), -127.f), 127.f)) : int8_t(0);
 }
 
 // Elements [base, base + n) of a tensor from their int8 values q[0, n).
@@ -130,46 +132,16 @@ __global__ void from_half_kernel(const uint16_t* h, size_t n, float* x) {
   if (i < n) x[i] = kBF16 ? __bfloat162float(__ushort_as_bfloat16(h[i])) : __half2float(__ushort_as_half(h[i]));
 }
 
-// The int8 payload is [key scales][key int8][value scales][value int8]; on the device its parts
-// sit in one scratch buffer at float-aligned offsets (the payload's own offsets need not be).
-struct Int8Parts {
-  size_t n, kscales, vscales;  // element counts
-  size_t kq_at, vs_at, vq_at;  // offsets in the payload
-  DeviceBuffer scratch;
-  float* ks() const { return scratch.get<float>(); }
-  float* vs() const { return ks() + kscales; }
-  int8_t* kq() const { return reinterpret_cast<int8_t*>(vs() + vscales); }
-  int8_t* vq() const { return kq() + n; }
-
-  explicit Int8Parts(const KVBlock& b)
-      : n(b.elements()), kscales(size_t(b.n_layers) * b.n_kv_heads * b.head_dim), vscales(size_t(b.n_layers) * b.n_kv_heads * b.n_tokens) {
-    kq_at = kscales * 4;
-    vs_at = kq_at + n;
-    vq_at = vs_at + vscales * 4;
-    scratch.allocate((kscales + vscales) * 4 + 2 * n, "an int8 K/V payload");
-  }
-};
-
-void half_form(KVStorage storage, const float* x, size_t n, uint16_t* h, cudaStream_t s) {
-  if (storage == KVStorage::BF16) to_half_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, n, h);
-  else to_half_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, n, h);
-  DKI_CUDA_LAUNCHED();
-}
-
-void from_half_form(KVStorage storage, const uint16_t* h, size_t n, float* x, cudaStream_t s) {
-  if (storage == KVStorage::BF16) from_half_kernel<true><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
-  else from_half_kernel<false><<<grid_for(n), kThreads, 0, s>>>(h, n, x);
-  DKI_CUDA_LAUNCHED();
-}
-
-// --- Uploads through pinned staging memory ------------------------------------------------------
+// --- Host <-> device copies through pinned staging memory -----------------------------------
 //
-// A payload in pageable memory (a Node Buffer, an L3 file's bytes) is not DMA'd as it is: the
-// driver would copy it through a small pinned buffer of its own, synchronously. Each GPU has a
-// ring of kSlots pinned chunks instead, each with a device chunk beside it. The calling worker
-// thread copies (and hashes) chunk i into pinned slot i % kSlots while the copy engine moves
-// chunk i − 1, and a kernel turns each chunk from its stored form into the block's fp32. Device
-// memory beyond the block itself: the ring and the int8 scales of the block being restored.
+// Payloads live in pageable memory (Node Buffers, an L3 file's bytes), which is not DMA'd as it
+// is: the driver would copy it through a small pinned buffer of its own, synchronously. Each GPU
+// has a staging lane instead: a ring of kSlots pinned chunks, each with a device chunk beside it.
+// Uploading, the calling worker thread copies (and hashes) chunk i into pinned slot i % kSlots
+// while the copy engine moves chunk i − 1, and a kernel turns each chunk from its stored form
+// into the block's fp32. Downloading, a kernel writes chunk i's stored form into its device slot
+// and the copy engine moves it to pinned memory while the thread copies chunk i − 1 out. Device
+// memory beyond the block itself: the ring and the int8 scales of the block in transit.
 
 constexpr int kSlots = 2;
 
@@ -184,169 +156,192 @@ size_t staging_chunk_bytes() {
   return size_t(v);
 }
 
-struct UploadLane {
-  std::mutex mutex;  // one upload at a time per GPU: they share the ring (and PCIe)
+struct StagingLane {
+  std::mutex mutex;  // one transfer at a time per GPU: they share the ring (and PCIe)
   cudaStream_t stream = nullptr;
   size_t chunk = 0;
   PinnedBuffer host[kSlots];
   DeviceBuffer dev[kSlots];
-  cudaEvent_t reusable[kSlots] = {};  // recorded after the last work that reads the slot
-  DeviceBuffer scales;                // int8 key scales, then value scales; grows as needed
+  cudaEvent_t done[kSlots] = {};  // recorded after the last work enqueued on the slot
+  DeviceBuffer scales;            // int8 key scales, then value scales; grows as needed
 
-  explicit UploadLane(int device) : chunk(staging_chunk_bytes()) {
+  explicit StagingLane(int device) : chunk(staging_chunk_bytes()) {
     DKI_CUDA_CHECK(cudaSetDevice(device));
     DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (int i = 0; i < kSlots; i++) {
-      host[i].allocate(chunk, "K/V upload staging");
-      dev[i].allocate(chunk, "K/V upload staging");
-      DKI_CUDA_CHECK(cudaEventCreateWithFlags(&reusable[i], cudaEventDisableTiming));
+      host[i].allocate(chunk, "K/V staging");
+      dev[i].allocate(chunk, "K/V staging");
+      DKI_CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
     }
   }
 };
 
-// The lane of GPU `device`, made on first use. Never destroyed: the CUDA runtime may be gone by
-// the time static objects are.
-UploadLane& upload_lane(int device) {
-  static std::mutex mutex;
-  static std::map<int, UploadLane*> lanes;
-  std::lock_guard<std::mutex> lock(mutex);
-  UploadLane*& lane = lanes[device];
-  if (!lane) lane = new UploadLane(device);  // a throw leaves it null, to be tried again
-  return *lane;
-}
+// GPU `device`'s lane, locked for the caller, who is then on that device. Lanes are made on first
+// use and never destroyed: the CUDA runtime may be gone by the time static objects are.
+struct LockedLane {
+  StagingLane& lane;
+  std::lock_guard<std::mutex> lock;
+  explicit LockedLane(int device) : lane(find(device)), lock(lane.mutex) { DKI_CUDA_CHECK(cudaSetDevice(device)); }
 
-// A stretch of host bytes in one stored form, and where its contents land on the device.
+  static StagingLane& find(int device) {
+    static std::mutex mutex;
+    static std::map<int, StagingLane*> lanes;
+    std::lock_guard<std::mutex> lock(mutex);
+    StagingLane*& lane = lanes[device];
+    if (!lane) lane = new StagingLane(device);  // a throw leaves it null, to be tried again
+    return *lane;
+  }
+};
+
+// A stretch of a payload (or of a host tensor) in one stored form, and the device tensor it holds.
 struct Section {
   enum Kind { Bytes, Half, Int8 } kind;
-  const unsigned char* src;
+  unsigned char* host;  // byte 0 of the stretch (only read by uploads)
   size_t bytes;
-  void* dst;                  // Bytes: the device address of byte 0; otherwise the fp32 tensor
-  const float* scale = nullptr;  // Int8: the tensor's scales (already uploaded by a Bytes section)
+  void* device;                  // Bytes: the device address of byte 0; otherwise the fp32 tensor
+  const float* scale = nullptr;  // Int8: the tensor's scales, in device memory
   bool per_channel = false;      // Int8: keys (per channel) or values (per row)
 };
 
-// Uploads the sections in order on the lane's stream and waits for them; each byte passes
-// through `hash` on its way into pinned memory when hash is not null. Half sections are f16, or
-// bf16 when storage is BF16. Chunk sizes are multiples of 16 bytes, so no element is split.
-// The caller holds lane.mutex.
-void upload(UploadLane& lane, const std::vector<Section>& sections, KVStorage storage, int T, int hd, Checksum64* hash) {
-  cudaStream_t s = lane.stream;
-  try {
-    int slot = 0;
-    for (const Section& sec : sections) {
-      for (size_t done = 0; done < sec.bytes;) {
-        const size_t n = std::min(lane.chunk, sec.bytes - done);
-        DKI_CUDA_CHECK(cudaEventSynchronize(lane.reusable[slot]));
-        unsigned char* pinned = lane.host[slot].get<unsigned char>();
-        if (hash) hash->update_copy(sec.src + done, pinned, n);
-        else std::memcpy(pinned, sec.src + done, n);
-        if (sec.kind == Section::Bytes) {
-          DKI_CUDA_CHECK(cudaMemcpyAsync(static_cast<unsigned char*>(sec.dst) + done, pinned, n, cudaMemcpyHostToDevice, s));
-        } else {
-          DKI_CUDA_CHECK(cudaMemcpyAsync(lane.dev[slot].get(), pinned, n, cudaMemcpyHostToDevice, s));
-          float* x = static_cast<float*>(sec.dst);
-          if (sec.kind == Section::Half) {
-            from_half_form(storage, lane.dev[slot].get<uint16_t>(), n / 2, x + done / 2, s);
-          } else {
-            const int8_t* q = lane.dev[slot].get<int8_t>();
-            if (sec.per_channel) dequantize_kernel<true><<<grid_for(n), kThreads, 0, s>>>(q, sec.scale, done, n, T, hd, x);
-            else dequantize_kernel<false><<<grid_for(n), kThreads, 0, s>>>(q, sec.scale, done, n, T, hd, x);
-            DKI_CUDA_LAUNCHED();
-          }
-        }
-        DKI_CUDA_CHECK(cudaEventRecord(lane.reusable[slot], s));
-        slot = (slot + 1) % kSlots;
-        done += n;
-      }
+// Runs fn(section, slot, offset, n) over the sections' chunks in order, advancing the slot.
+// Chunk sizes are multiples of 16 bytes, so no element is split. The caller holds the lane.
+template <class F>
+void for_each_chunk(StagingLane& lane, const std::vector<Section>& sections, F&& fn) {
+  int slot = 0;
+  for (const Section& sec : sections)
+    for (size_t at = 0; at < sec.bytes; at += lane.chunk) {
+      fn(sec, slot, at, std::min(lane.chunk, sec.bytes - at));
+      slot = (slot + 1) % kSlots;
     }
-    DKI_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// Waits for the lane's stream; after a failure, lets nothing of the transfer stay in flight.
+template <class F>
+void on_lane(StagingLane& lane, F&& transfer) {
+  try {
+    transfer();
+    DKI_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
   } catch (...) {
-    cudaStreamSynchronize(s);  // nothing of this upload may still be in flight once it has failed
+    cudaStreamSynchronize(lane.stream);
     cudaGetLastError();
     throw;
   }
+}
+
+// Half sections are f16, or bf16 when storage is BF16; T and hd shape the int8 scales.
+void upload(StagingLane& lane, const std::vector<Section>& sections, KVStorage storage, int T, int hd, Checksum64* hash) {
+  const cudaStream_t s = lane.stream;
+  on_lane(lane, [&] {
+    for_each_chunk(lane, sections, [&](const Section& sec, int slot, size_t at, size_t n) {
+      DKI_CUDA_CHECK(cudaEventSynchronize(lane.done[slot]));
+      unsigned char* pinned = lane.host[slot].get<unsigned char>();
+      if (hash) hash->update_copy(sec.host + at, pinned, n);
+      else std::memcpy(pinned, sec.host + at, n);
+      if (sec.kind == Section::Bytes) {
+        DKI_CUDA_CHECK(cudaMemcpyAsync(static_cast<unsigned char*>(sec.device) + at, pinned, n, cudaMemcpyHostToDevice, s));
+      } else {
+        DKI_CUDA_CHECK(cudaMemcpyAsync(lane.dev[slot].get(), pinned, n, cudaMemcpyHostToDevice, s));
+        float* x = static_cast<float*>(sec.device);
+        if (sec.kind == Section::Half && storage == KVStorage::BF16) from_half_kernel<true><<<grid_for(n / 2), kThreads, 0, s>>>(lane.dev[slot].get<uint16_t>(), n / 2, x + at / 2);
+        else if (sec.kind == Section::Half) from_half_kernel<false><<<grid_for(n / 2), kThreads, 0, s>>>(lane.dev[slot].get<uint16_t>(), n / 2, x + at / 2);
+        else if (sec.per_channel) dequantize_kernel<true><<<grid_for(n), kThreads, 0, s>>>(lane.dev[slot].get<int8_t>(), sec.scale, at, n, T, hd, x);
+        else dequantize_kernel<false><<<grid_for(n), kThreads, 0, s>>>(lane.dev[slot].get<int8_t>(), sec.scale, at, n, T, hd, x);
+        DKI_CUDA_LAUNCHED();
+      }
+      DKI_CUDA_CHECK(cudaEventRecord(lane.done[slot], s));
+    });
+  });
+}
+
+void download(StagingLane& lane, const std::vector<Section>& sections, KVStorage storage, int T, int hd) {
+  const cudaStream_t s = lane.stream;
+  struct InFlight {
+    unsigned char* to;
+    int slot;
+    size_t n;
+  };
+  std::optional<InFlight> behind;  // the chunk enqueued before the current one
+  const auto copy_out = [&](const InFlight& c) {
+    DKI_CUDA_CHECK(cudaEventSynchronize(lane.done[c.slot]));
+    std::memcpy(c.to, lane.host[c.slot].get(), c.n);
+  };
+  on_lane(lane, [&] {
+    for_each_chunk(lane, sections, [&](const Section& sec, int slot, size_t at, size_t n) {
+      unsigned char* pinned = lane.host[slot].get<unsigned char>();
+      if (sec.kind == Section::Bytes) {
+        DKI_CUDA_CHECK(cudaMemcpyAsync(pinned, static_cast<const unsigned char*>(sec.device) + at, n, cudaMemcpyDeviceToHost, s));
+      } else {
+        const float* x = static_cast<const float*>(sec.device);
+        if (sec.kind == Section::Half && storage == KVStorage::BF16) to_half_kernel<true><<<grid_for(n / 2), kThreads, 0, s>>>(x + at / 2, n / 2, lane.dev[slot].get<uint16_t>());
+        else if (sec.kind == Section::Half) to_half_kernel<false><<<grid_for(n / 2), kThreads, 0, s>>>(x + at / 2, n / 2, lane.dev[slot].get<uint16_t>());
+        else if (sec.per_channel) quantize_kernel<true><<<grid_for(n), kThreads, 0, s>>>(x, sec.scale, at, n, T, hd, lane.dev[slot].get<int8_t>());
+        else quantize_kernel<false><<<grid_for(n), kThreads, 0, s>>>(x, sec.scale, at, n, T, hd, lane.dev[slot].get<int8_t>());
+        DKI_CUDA_LAUNCHED();
+        DKI_CUDA_CHECK(cudaMemcpyAsync(pinned, lane.dev[slot].get(), n, cudaMemcpyDeviceToHost, s));
+      }
+      DKI_CUDA_CHECK(cudaEventRecord(lane.done[slot], s));
+      // The chunk before this one is copied out while this one is in flight; its slot is then
+      // free for the chunk after this one.
+      if (behind) copy_out(*behind);
+      behind = InFlight{sec.host + at, slot, n};
+    });
+    if (behind) copy_out(*behind);
+  });
+}
+
+// The sections of a `storage` payload of a block with n elements per tensor and these shapes,
+// holding device tensors k and v. Int8 payloads are [key scales][key int8][value scales]
+// [value int8]; their scales sit in the lane's buffer (grown here as needed).
+std::vector<Section> payload_sections(StagingLane& lane, const KVBlock& shape, KVStorage storage, unsigned char* payload, float* k, float* v) {
+  const size_t n = shape.elements();
+  switch (storage) {
+    case KVStorage::F32:
+      return {{Section::Bytes, payload, n * 4, k}, {Section::Bytes, payload + n * 4, n * 4, v}};
+    case KVStorage::F16:
+    case KVStorage::BF16:
+      return {{Section::Half, payload, n * 2, k}, {Section::Half, payload + n * 2, n * 2, v}};
+    case KVStorage::Int8:
+      break;
+  }
+  const size_t kscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.head_dim;
+  const size_t vscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.n_tokens;
+  if (lane.scales.bytes() < (kscales + vscales) * sizeof(float)) lane.scales.allocate((kscales + vscales) * sizeof(float), "int8 K/V scales");
+  float* ks = lane.scales.get<float>();
+  float* vs = ks + kscales;
+  unsigned char* p = payload;
+  return {{Section::Bytes, p, kscales * 4, ks},
+          {Section::Int8, p + kscales * 4, n, k, ks, true},
+          {Section::Bytes, p + kscales * 4 + n, vscales * 4, vs},
+          {Section::Int8, p + kscales * 4 + n + vscales * 4, n, v, vs, false}};
 }
 
 }  // namespace
 
 void cuda_encode_payload(const KVBlock& b, KVStorage storage, unsigned char* out) {
   const DeviceKV& d = *b.device;
-  const size_t n = d.elements;
-  const int T = b.n_tokens, hd = b.head_dim;
-  const float *k = d.k.get<float>(), *v = d.v.get<float>();
-  CopyStream s(d.device);
-  const auto download = [&](unsigned char* to, const void* from, size_t bytes) {
-    DKI_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, s.get()));
-  };
-  switch (storage) {
-    case KVStorage::F32:
-      download(out, k, n * 4);
-      download(out + n * 4, v, n * 4);
-      s.wait();
-      return;
-    case KVStorage::F16:
-    case KVStorage::BF16: {
-      DeviceBuffer half(4 * n, "a half-precision K/V payload");
-      half_form(storage, k, n, half.get<uint16_t>(), s.get());
-      half_form(storage, v, n, half.get<uint16_t>() + n, s.get());
-      download(out, half.get(), 4 * n);
-      s.wait();  // before `half` is freed
-      return;
-    }
-    case KVStorage::Int8: {
-      Int8Parts p(b);
-      key_scales_kernel<<<grid_for(p.kscales), kThreads, 0, s.get()>>>(k, b.n_layers * b.n_kv_heads, T, hd, p.ks());
-      DKI_CUDA_LAUNCHED();
-      value_scales_kernel<<<grid_for(p.vscales), kThreads, 0, s.get()>>>(v, p.vscales, hd, p.vs());
-      DKI_CUDA_LAUNCHED();
-      quantize_kernel<true><<<grid_for(n), kThreads, 0, s.get()>>>(k, p.ks(), n, T, hd, p.kq());
-      DKI_CUDA_LAUNCHED();
-      quantize_kernel<false><<<grid_for(n), kThreads, 0, s.get()>>>(v, p.vs(), n, T, hd, p.vq());
-      DKI_CUDA_LAUNCHED();
-      download(out, p.ks(), p.kscales * 4);
-      download(out + p.kq_at, p.kq(), n);
-      download(out + p.vs_at, p.vs(), p.vscales * 4);
-      download(out + p.vq_at, p.vq(), n);
-      s.wait();
-      return;
-    }
+  LockedLane locked(d.device);
+  StagingLane& lane = locked.lane;
+  float *k = d.k.get<float>(), *v = d.v.get<float>();
+  const std::vector<Section> sections = payload_sections(lane, b, storage, out, k, v);
+  if (storage == KVStorage::Int8) {
+    // The scales first: each needs its whole channel (keys) or row (values).
+    const int LH = b.n_layers * b.n_kv_heads;
+    const size_t kscales = size_t(LH) * b.head_dim, vscales = size_t(LH) * b.n_tokens;
+    key_scales_kernel<<<grid_for(kscales), kThreads, 0, lane.stream>>>(k, LH, b.n_tokens, b.head_dim, lane.scales.get<float>());
+    DKI_CUDA_LAUNCHED();
+    value_scales_kernel<<<grid_for(vscales), kThreads, 0, lane.stream>>>(v, vscales, b.head_dim, lane.scales.get<float>() + kscales);
+    DKI_CUDA_LAUNCHED();
   }
+  download(lane, sections, storage, b.n_tokens, b.head_dim);
 }
 
 std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStorage storage, const unsigned char* payload, int device,
                                                     Checksum64& hash) {
-  const size_t n = shape.elements();
-  UploadLane& lane = upload_lane(device);
-  std::lock_guard<std::mutex> lock(lane.mutex);
-  DKI_CUDA_CHECK(cudaSetDevice(device));
-  auto d = std::make_shared<DeviceKV>(device, n);
-  float *k = d->k.get<float>(), *v = d->v.get<float>();
-  std::vector<Section> sections;
-  switch (storage) {
-    case KVStorage::F32:
-      sections = {{Section::Bytes, payload, n * 4, k}, {Section::Bytes, payload + n * 4, n * 4, v}};
-      break;
-    case KVStorage::F16:
-    case KVStorage::BF16:
-      sections = {{Section::Half, payload, n * 2, k}, {Section::Half, payload + n * 2, n * 2, v}};
-      break;
-    case KVStorage::Int8: {
-      // [key scales][key int8][value scales][value int8]; the scales land in the lane's buffer.
-      const size_t kscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.head_dim;
-      const size_t vscales = size_t(shape.n_layers) * shape.n_kv_heads * shape.n_tokens;
-      const size_t want = (kscales + vscales) * sizeof(float);
-      if (lane.scales.bytes() < want) lane.scales.allocate(want, "int8 K/V scales");
-      float* ks = lane.scales.get<float>();
-      float* vs = ks + kscales;
-      const unsigned char* p = payload;
-      sections = {{Section::Bytes, p, kscales * 4, ks},
-                  {Section::Int8, p + kscales * 4, n, k, ks, true},
-                  {Section::Bytes, p + kscales * 4 + n, vscales * 4, vs},
-                  {Section::Int8, p + kscales * 4 + n + vscales * 4, n, v, vs, false}};
-      break;
-    }
-  }
-  upload(lane, sections, storage, shape.n_tokens, shape.head_dim, &hash);
+  LockedLane locked(device);
+  auto d = std::make_shared<DeviceKV>(device, shape.elements());
+  // upload() only reads the payload.
+  const auto sections = payload_sections(locked.lane, shape, storage, const_cast<unsigned char*>(payload), d->k.get<float>(), d->v.get<float>());
+  upload(locked.lane, sections, storage, shape.n_tokens, shape.head_dim, &hash);
   return d;
 }
 
@@ -357,20 +352,22 @@ std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBloc
   if (b->device && b->device->device == device) return b;
   const size_t n = b->elements(), bytes = n * sizeof(float);
   auto out = same_header(*b);
-  CopyStream s(device);
-  auto d = std::make_shared<DeviceKV>(device, n);
   if (b->device) {  // on another GPU
+    CopyStream s(device);
+    auto d = std::make_shared<DeviceKV>(device, n);
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->k.get(), device, b->device->k.get(), b->device->device, bytes, s.get()));
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->v.get(), device, b->device->v.get(), b->device->device, bytes, s.get()));
     s.wait();
+    out->device = std::move(d);
   } else {
-    const auto* k = reinterpret_cast<const unsigned char*>(host_kv(*b, "toDevice").k.data());
-    const auto* v = reinterpret_cast<const unsigned char*>(b->v.data());
-    UploadLane& lane = upload_lane(device);
-    std::lock_guard<std::mutex> lock(lane.mutex);
-    upload(lane, {{Section::Bytes, k, bytes, d->k.get()}, {Section::Bytes, v, bytes, d->v.get()}}, KVStorage::F32, 0, 0, nullptr);
+    // upload() only reads them.
+    auto* k = reinterpret_cast<unsigned char*>(const_cast<float*>(host_kv(*b, "toDevice").k.data()));
+    auto* v = reinterpret_cast<unsigned char*>(const_cast<float*>(b->v.data()));
+    LockedLane locked(device);
+    auto d = std::make_shared<DeviceKV>(device, n);
+    upload(locked.lane, {{Section::Bytes, k, bytes, d->k.get()}, {Section::Bytes, v, bytes, d->v.get()}}, KVStorage::F32, 0, 0, nullptr);
+    out->device = std::move(d);
   }
-  out->device = std::move(d);
   return out;
 }
 
@@ -380,10 +377,12 @@ std::shared_ptr<const KVBlock> cuda_block_to_host(std::shared_ptr<const KVBlock>
   auto out = same_header(*b);
   out->k.resize(d.elements);
   out->v.resize(d.elements);
-  CopyStream s(d.device);
-  DKI_CUDA_CHECK(cudaMemcpyAsync(out->k.data(), d.k.get(), d.elements * sizeof(float), cudaMemcpyDeviceToHost, s.get()));
-  DKI_CUDA_CHECK(cudaMemcpyAsync(out->v.data(), d.v.get(), d.elements * sizeof(float), cudaMemcpyDeviceToHost, s.get()));
-  s.wait();
+  const size_t bytes = d.elements * sizeof(float);
+  LockedLane locked(d.device);
+  download(locked.lane,
+           {{Section::Bytes, reinterpret_cast<unsigned char*>(out->k.data()), bytes, d.k.get()},
+            {Section::Bytes, reinterpret_cast<unsigned char*>(out->v.data()), bytes, d.v.get()}},
+           KVStorage::F32, 0, 0);
   return out;
 }
 

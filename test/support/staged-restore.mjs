@@ -1,5 +1,6 @@
-// Child process of cuda.test.ts: restores K/V blocks onto the GPU under the DKI_CUDA_STAGING_CHUNK
-// this process was started with, and prints what it found as JSON. Usage:
+// Child process of cuda.test.ts: moves K/V blocks to and from the GPU (toDevice, toHost, serialize
+// and deserialize in every storage) under the DKI_CUDA_STAGING_CHUNK this process was started
+// with, and prints what it found as JSON. Usage:
 //   node staged-restore.mjs <dist folder> <model folder> <memory length>
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -23,8 +24,9 @@ const model = await Model.load(modelDir, { contextSize: Number(length) + 8, devi
 const memory = Array.from({ length: Number(length) }, (_, i) => (i * 7919 + 11) % 49152);
 const host = await model.computeBlock(memory, { startPos: 3 });
 const out = { storages: {}, corrupt: {} };
+let dev;
 try {
-  const dev = await host.toDevice();
+  dev = await host.toDevice();
   const back = await dev.toHost();
   out.toDevice = same(back.keys(), host.keys()) && same(back.values(), host.values());
 } catch (e) {
@@ -32,10 +34,12 @@ try {
 }
 if (!out.error) {
   for (const storage of ["f32", "f16", "bf16", "int8"]) {
+    // Down (encoded on the GPU, staged out) and up (staged in, decoded on the GPU).
     const bytes = await host.serialize(storage);
+    const encoded = same(await dev.serialize(storage), bytes);
     const onHost = await KVBlock.deserialize(model.nativeHandle(), bytes);
     const back = await (await KVBlock.deserialize(model.nativeHandle(), bytes, { onDevice: true })).toHost();
-    out.storages[storage] = { bytes: bytes.length, same: same(back.keys(), onHost.keys()) && same(back.values(), onHost.values()) };
+    out.storages[storage] = { bytes: bytes.length, encoded, decoded: same(back.keys(), onHost.keys()) && same(back.values(), onHost.values()) };
   }
   // A flipped bit in the first and in the last payload byte: each lies in a different chunk.
   const bytes = await host.serialize("f16");
