@@ -88,44 +88,35 @@ int checked_prefetch(long long bytes) {
   return int(bytes);
 }
 
-std::atomic<int>& prefetch() {
-  static std::atomic<int> p{[] {
-    const char* env = std::getenv("DKI_PREFETCH");
-    const int fallback = cpu_is_intel() ? 8192 : 0;
-    if (!env) return fallback;
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    try {
-      if (*env == '\0' || *end != '\0') throw Error(std::string("\"") + env + "\" is not a byte count");
-      return checked_prefetch(v);
-    } catch (const Error& e) {
-      if (env_error().empty()) env_error() = std::string("DKI_PREFETCH: ") + e.what();
-      return fallback;
-    }
-  }()};
-  return p;
-}
-
 int checked_streams(long long streams) {
   if (streams != 1 && streams != 2) throw Error("decode streams must be 1 or 2, not " + std::to_string(streams));
   return int(streams);
 }
 
+// The whole number in environment variable `name`, passed through `checked` (which throws when it
+// is out of range); `fallback` when unset, and when bad too, after recording why: the addon's load
+// then fails with that reason.
+int env_setting(const char* name, int fallback, int (*checked)(long long)) {
+  const char* env = std::getenv(name);
+  if (!env) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  try {
+    if (*env == '\0' || *end != '\0') throw Error(std::string("\"") + env + "\" is not a whole number");
+    return checked(v);
+  } catch (const Error& e) {
+    if (env_error().empty()) env_error() = std::string(name) + ": " + e.what();
+    return fallback;
+  }
+}
+
+std::atomic<int>& prefetch() {
+  static std::atomic<int> p{env_setting("DKI_PREFETCH", cpu_is_intel() ? 8192 : 0, checked_prefetch)};
+  return p;
+}
+
 std::atomic<int>& streams() {
-  static std::atomic<int> n{[] {
-    const char* env = std::getenv("DKI_DECODE_STREAMS");
-    const int fallback = cpu_is_intel() ? 2 : 1;
-    if (!env) return fallback;
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    try {
-      if (*env == '\0' || *end != '\0') throw Error(std::string("\"") + env + "\" is not a number");
-      return checked_streams(v);
-    } catch (const Error& e) {
-      if (env_error().empty()) env_error() = std::string("DKI_DECODE_STREAMS: ") + e.what();
-      return fallback;
-    }
-  }()};
+  static std::atomic<int> n{env_setting("DKI_DECODE_STREAMS", cpu_is_intel() ? 2 : 1, checked_streams)};
   return n;
 }
 
