@@ -841,7 +841,20 @@ Napi::Value SetKVPoolBytes(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-Napi::Value KVPoolBytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(kv_pool_bytes())); }
+// kvPoolBytes(deviceIndex?): bytes the host's pool of freed K/V block buffers holds, or GPU
+// deviceIndex's.
+Napi::Value KVPoolBytes(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || info[0].IsUndefined()) return Napi::Number::New(env, double(kv_pool_bytes()));
+  if (!info[0].IsNumber()) throw_type(env, "kvPoolBytes(deviceIndex?: number)");
+#ifdef DKI_CUDA
+  const int device = info[0].As<Napi::Number>().Int32Value();
+  if (device < 0) throw Napi::RangeError::New(env, "kvPoolBytes: deviceIndex must be a GPU index (0 or more)");
+  return Napi::Number::New(env, double(cuda_pool_bytes(device)));
+#else
+  throw Napi::Error::New(env, "kvPoolBytes: this addon was built without the CUDA backend (npm run build:cuda builds it)");
+#endif
+}
 
 Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), thread_pool().size()); }
 

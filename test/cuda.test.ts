@@ -186,6 +186,29 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(r.corrupt).toEqual({ first: expect.stringMatching(/checksum mismatch/), last: expect.stringMatching(/checksum mismatch/) });
     });
 
+    test("freed device blocks go to the GPU's pool, capped by setKVPoolBytes, and their memory serves the next block", async () => {
+      const addon = native();
+      // Blocks left to the garbage collector by other tests may join the pool at any await, so
+      // only bounds are checked.
+      addon.setKVPoolBytes(0);
+      expect(addon.kvPoolBytes(0)).toBe(0);
+      addon.setKVPoolBytes(256 << 20);
+      const host = await m.computeBlock(memory);
+      const dev = await host.toDevice();
+      dev.dispose();
+      expect(addon.kvPoolBytes(0)).toBeGreaterThanOrEqual(2 * (64 << 10)); // K and V, each a 64 KiB size class
+      for (let i = 0; i < 3; i++) {
+        const again = await host.toDevice();
+        const back = await again.toHost();
+        again.dispose();
+        expect(back.keys()).toEqual(host.keys());
+        expect(back.values()).toEqual(host.values());
+      }
+      addon.setKVPoolBytes(64 << 10);
+      expect(addon.kvPoolBytes(0)).toBeLessThanOrEqual(64 << 10);
+      addon.setKVPoolBytes(256 << 20);
+    });
+
     test("a bad DKI_CUDA_STAGING_CHUNK is an error naming it", () => {
       expect(stagedRestore("40").error).toMatch(/DKI_CUDA_STAGING_CHUNK must be a multiple of 16 bytes from 16 to 1 GiB, not "40"/);
     });

@@ -17,6 +17,12 @@ test("the addon says whether it has the CUDA backend and which GPUs it sees", ()
   if (cuda.devices === 0) expect(cuda.reason.length).toBeGreaterThan(0);
 });
 
+test("kvPoolBytes(deviceIndex) reports a GPU's pool of freed block buffers, in CUDA builds only", () => {
+  if (cuda.built) expect(native().kvPoolBytes(0)).toBeGreaterThanOrEqual(0);
+  else expect(() => native().kvPoolBytes(0)).toThrow(/kvPoolBytes: this addon was built without the CUDA backend/);
+  expect(() => native().kvPoolBytes("0" as unknown as number)).toThrow(/kvPoolBytes\(deviceIndex\?: number\)/);
+});
+
 test("a device name that is not cpu, cuda or auto is refused", () => {
   expect(() => resolveDevice("tpu" as "cpu")).toThrow(/device must be "cpu", "cuda" or "auto", got "tpu"/);
 });

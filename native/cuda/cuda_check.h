@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "buffer_pool.h"
 #include "common.h"
 
 namespace dki {
@@ -34,19 +35,19 @@ namespace dki {
 // A kernel launch reports a bad configuration only through cudaGetLastError.
 #define DKI_CUDA_LAUNCHED() DKI_CUDA_CHECK(cudaGetLastError())
 
-// Device memory owned by one object. Out of memory is an error that says how much was asked
-// for, for what, and how much the device had free.
+// Device memory owned by one object, optionally recycled through a pool. Out of memory is an
+// error that says how much was asked for, for what, and how much the device had free.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, const char* what) { allocate(bytes, what); }
   ~DeviceBuffer() { release(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), pool_(o.pool_) { o.p_ = nullptr, o.bytes_ = 0, o.pool_ = nullptr; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       release();
-      p_ = o.p_, bytes_ = o.bytes_;
-      o.p_ = nullptr, o.bytes_ = 0;
+      p_ = o.p_, bytes_ = o.bytes_, pool_ = o.pool_;
+      o.p_ = nullptr, o.bytes_ = 0, o.pool_ = nullptr;
     }
     return *this;
   }
@@ -56,22 +57,26 @@ class DeviceBuffer {
   void allocate(size_t bytes, const char* what) {
     release();
     if (bytes == 0) return;
-    cudaError_t e = cudaMalloc(&p_, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      p_ = nullptr;
-      throw Error("CUDA out of memory: " + std::to_string(bytes >> 20) + " MiB for " + what + " (device has " +
-                  std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
-    }
-    if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+    p_ = device_malloc(bytes, what, nullptr);
     bytes_ = bytes;
   }
+  // Memory of pool_size_class(bytes) from `pool` when it keeps one, else newly allocated (the
+  // pool's buffers are freed first if the device is out of memory); given back to it on release.
+  void allocate_pooled(size_t bytes, const char* what, BufferPool& pool) {
+    release();
+    if (bytes == 0) return;
+    const size_t size = pool_size_class(bytes);
+    p_ = pool.take(size);
+    if (!p_) p_ = device_malloc(size, what, &pool);
+    bytes_ = bytes;
+    pool_ = &pool;
+  }
   void release() {
-    if (p_) cudaFree(p_);
+    if (p_ && pool_) pool_->give(p_, pool_size_class(bytes_));
+    else if (p_) cudaFree(p_);
     p_ = nullptr;
     bytes_ = 0;
+    pool_ = nullptr;
   }
   template <class T = void>
   T* get() const { return static_cast<T*>(p_); }
@@ -80,6 +85,26 @@ class DeviceBuffer {
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0;
+  BufferPool* pool_ = nullptr;
+
+  static void* device_malloc(size_t bytes, const char* what, BufferPool* pool) {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation && pool && pool->held() > 0) {
+      cudaGetLastError();
+      pool->drain();
+      e = cudaMalloc(&p, bytes);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error("CUDA out of memory: " + std::to_string(bytes >> 20) + " MiB for " + what + " (device has " +
+                  std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+    }
+    if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+    return p;
+  }
 };
 
 // Page-locked host memory: copies from it are true DMA, asynchronous to the host thread.

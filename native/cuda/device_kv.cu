@@ -345,6 +345,40 @@ std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStor
   return d;
 }
 
+namespace {
+struct DevicePools {
+  std::mutex mutex;
+  std::map<int, BufferPool*> pools;  // never destroyed, like the staging lanes
+  size_t cap = size_t(256) << 20;
+};
+DevicePools& device_pools() {
+  static DevicePools* p = new DevicePools;
+  return *p;
+}
+}  // namespace
+
+BufferPool& device_block_pool(int device) {
+  DevicePools& d = device_pools();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  BufferPool*& pool = d.pools[device];
+  if (!pool) pool = new BufferPool([](void* p) { cudaFree(p); }, d.cap);
+  return *pool;
+}
+
+void cuda_set_pool_bytes(size_t bytes) {
+  DevicePools& d = device_pools();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.cap = bytes;
+  for (auto& [device, pool] : d.pools) pool->set_cap(bytes);
+}
+
+size_t cuda_pool_bytes(int device) {
+  DevicePools& d = device_pools();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  const auto it = d.pools.find(device);
+  return it == d.pools.end() ? 0 : it->second->held();
+}
+
 int device_kv_device(const DeviceKV& d) { return d.device; }
 uint64_t device_kv_bytes(const DeviceKV& d) { return d.k.bytes() + d.v.bytes(); }
 

@@ -4,14 +4,21 @@
 
 namespace dki {
 
+// GPU `device`'s pool of freed K/V block buffers (buffer_pool.h), capped as the host's is:
+// set_kv_pool_bytes sets both (cuda_set_pool_bytes). The caller is on that device. A freed
+// block's memory goes straight back to the pool, with no stream to wait for: every function that
+// reads or writes a block (device_kv.cu, the forward pass's export and segment upload) waits for
+// its stream before it returns, so nothing is ever in flight on a block nobody holds.
+BufferPool& device_block_pool(int device);
+
 struct DeviceKV {
   int device = 0;
   size_t elements = 0;  // of K, and of V: [layer][kv_head][token][head_dim] fp32
   DeviceBuffer k, v;
 
   DeviceKV(int dev, size_t n) : device(dev), elements(n) {
-    k.allocate(n * sizeof(float), "a K/V block's keys");
-    v.allocate(n * sizeof(float), "a K/V block's values");
+    k.allocate_pooled(n * sizeof(float), "a K/V block's keys", device_block_pool(dev));
+    v.allocate_pooled(n * sizeof(float), "a K/V block's values", device_block_pool(dev));
   }
 };
 

@@ -125,10 +125,13 @@ export interface NativeAddon {
   deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array, deviceIndex?: number): Promise<NativeKVBlockHandle>;
   setThreads(n: number): void;
   getThreads(): number;
-  /** Bytes of freed K/V block buffers (≥ 256 KiB each) kept for reuse; default 256 MiB, 0 keeps none. */
+  /**
+   * Bytes of freed K/V block buffers kept for reuse (host buffers of ≥ 256 KiB; in CUDA builds
+   * each GPU keeps as much again of its own); default 256 MiB, 0 keeps none.
+   */
   setKVPoolBytes(bytes: number): void;
-  /** Bytes the K/V buffer pool holds now. */
-  kvPoolBytes(): number;
+  /** Bytes the host's K/V buffer pool holds now, or GPU deviceIndex's (CUDA builds only). */
+  kvPoolBytes(deviceIndex?: number): number;
   setSimd(name: string): void;
   /**
    * prefetchBytes: how far ahead decode loops prefetch weight rows (0: hardware prefetcher only);

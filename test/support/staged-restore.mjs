@@ -38,7 +38,10 @@ if (!out.error) {
     const bytes = await host.serialize(storage);
     const encoded = same(await dev.serialize(storage), bytes);
     const onHost = await KVBlock.deserialize(model.nativeHandle(), bytes);
-    const back = await (await KVBlock.deserialize(model.nativeHandle(), bytes, { onDevice: true })).toHost();
+    // Disposed at once: the next storage's block reuses its memory from the GPU's pool.
+    const onGpu = await KVBlock.deserialize(model.nativeHandle(), bytes, { onDevice: true });
+    const back = await onGpu.toHost();
+    onGpu.dispose();
     out.storages[storage] = { bytes: bytes.length, encoded, decoded: same(back.keys(), onHost.keys()) && same(back.values(), onHost.values()) };
   }
   // A flipped bit in the first and in the last payload byte: each lies in a different chunk.
