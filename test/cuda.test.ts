@@ -37,20 +37,29 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
 }
 
 describe.skipIf(!gpu)("CUDA backend", () => {
+  // "tiled": prefill attention through the register-tiled kernel (DKI_CUDA_ATTENTION, read when a
+  // context is made: set for the whole describe), at head sizes 16, 64 and 128 (its one and two
+  // groups of output dimensions per thread).
   describe.each([
-    ["llama", "f32", 1e-3],
-    ["qwen2", "f32", 1e-3],
-    ["llama", "f16", 2e-2],
-    ["llama", "bf16", 2e-2],
-  ] as [TinyArch, TinyDType, number][])("%s %s against the CPU", (arch, dtype, tol) => {
+    ["llama", "f32", 1e-3, 16, "warp"],
+    ["qwen2", "f32", 1e-3, 16, "warp"],
+    ["llama", "f16", 2e-2, 16, "warp"],
+    ["llama", "bf16", 2e-2, 16, "warp"],
+    ["llama", "f32", 1e-3, 16, "tiled"],
+    ["qwen2", "f32", 1e-3, 64, "tiled"],
+    ["llama", "f32", 1e-3, 128, "tiled"],
+    ["llama", "bf16", 2e-2, 64, "tiled"],
+  ] as [TinyArch, TinyDType, number, number, "warp" | "tiled"][])("%s %s, head size %i, %s prefill attention, against the CPU", (arch, dtype, tol, headDim, attention) => {
     let cpu: Model, cuda: Model;
     beforeAll(async () => {
+      process.env.DKI_CUDA_ATTENTION = attention;
       const dir = tempDir();
-      await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim: 16, hiddenSize: 96 } });
+      await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim, hiddenSize: 96 } });
       cpu = await Model.load(dir, { contextSize: 1200 });
       cuda = await Model.load(dir, { contextSize: 1200, device: "cuda" });
     });
     afterAll(() => {
+      delete process.env.DKI_CUDA_ATTENTION;
       cpu.dispose();
       cuda.dispose();
     });
@@ -207,6 +216,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       addon.setKVPoolBytes(64 << 10);
       expect(addon.kvPoolBytes(0)).toBeLessThanOrEqual(64 << 10);
       addon.setKVPoolBytes(256 << 20);
+    });
+
+    test("a bad DKI_CUDA_ATTENTION is an error naming it when a context is made", () => {
+      process.env.DKI_CUDA_ATTENTION = "flash";
+      try {
+        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_ATTENTION must be "warp" or "tiled", not "flash"/);
+      } finally {
+        delete process.env.DKI_CUDA_ATTENTION;
+      }
     });
 
     test("a bad DKI_CUDA_STAGING_CHUNK is an error naming it", () => {

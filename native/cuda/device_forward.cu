@@ -53,6 +53,8 @@ struct CudaForward::Impl {
   // (new segments, another row count, the probe switched) captures again. DKI_CUDA_GRAPHS=0
   // launches every kernel directly instead, as does a graph capture that failed once.
   bool use_graphs = true;
+  // DKI_CUDA_ATTENTION=tiled at creation: prefill attention through the register-tiled kernel.
+  bool tiled_attention = false;
   cudaGraphExec_t graph = nullptr;
   using GraphKey = std::tuple<int, int, int, const void*, const void*, int, const void*>;
   GraphKey graph_key{};
@@ -191,6 +193,10 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
   const char* graphs = std::getenv("DKI_CUDA_GRAPHS");
   s.use_graphs = !(graphs && std::strcmp(graphs, "0") == 0);
+  const char* attention = std::getenv("DKI_CUDA_ATTENTION");
+  if (attention && std::strcmp(attention, "warp") != 0 && std::strcmp(attention, "tiled") != 0)
+    throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
+  s.tiled_attention = attention && std::strcmp(attention, "tiled") == 0;
   s.x.allocate(T * D * f, "activations");
   s.xn.allocate(T * D * f, "activations");
   s.q.allocate(T * qd * f, "queries");
@@ -287,6 +293,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
   a.T = T, a.H = c.n_heads, a.Hkv = c.n_kv_heads, a.hd = hd;
   a.scale = 1.f / std::sqrt(float(hd));
   if (T <= kGemvMaxTokens) a.splits = kDecodeSplits, a.partial = attn_partial.get<float>();
+  a.tiled = tiled_attention;
 
   for (int l = 0; l < c.n_layers; l++) {
     const CudaWeights::Layer& L = W.layers[l];

@@ -448,6 +448,177 @@ __global__ void attention_prefill_kernel(AttentionArgs a) {
   }
 }
 
+// --- Register-tiled prefill attention (DKI_CUDA_ATTENTION=tiled) ----------------------------
+//
+// The kernel above does one dot product per (query, column) across a warp and a shuffle tree to
+// sum it: the GPU spends its time in shuffles, not FMAs. This one is FlashAttention's loop on
+// CUDA cores, in fp32 throughout: a block of 256 threads takes kTileQ queries of one head and
+// walks the columns in tiles of kTileC held in shared memory. Thread (ty, tx) of a 16 × 16 grid
+// computes the 4 × 4 scores of queries ty·4.. against columns tx·4.. (two float4 reads from
+// shared memory feed 16 FMAs), the 16 threads of a query row (one half-warp) agree on the
+// row's running max and sums through shuffles, and the thread then adds P·V for its 4 queries at
+// head dimensions tx·4 + 64·k. Head sizes up to kTileMaxHeadDim, multiples of 4.
+
+constexpr int kTileQ = 64, kTileC = 64, kTileThreads = 256, kTileMaxHeadDim = 128;
+constexpr int kTileDimGroups = kTileMaxHeadDim / 64;  // float4 output groups per thread and query
+
+// Shared memory: Qᵀ [hd][kTileQ], Kᵀ [hd][kTileC], V [kTileC][hd], P [kTileQ][kTileC], and the
+// tile's column biases and value scales.
+size_t tiled_smem_bytes(int hd) { return sizeof(float) * (size_t(hd) * (kTileQ + 2 * kTileC) + kTileQ * kTileC + 2 * kTileC); }
+
+__device__ __forceinline__ float half_warp_max(float v) {
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float half_warp_sum(float v) {
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Stores 4 consecutive dimensions d.. of row r into a transposed [hd][ld] tile.
+__device__ __forceinline__ void store_transposed(float* tile, int ld, int d, int r, float4 v) {
+  tile[(d + 0) * ld + r] = v.x;
+  tile[(d + 1) * ld + r] = v.y;
+  tile[(d + 2) * ld + r] = v.z;
+  tile[(d + 3) * ld + r] = v.w;
+}
+
+__global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(AttentionArgs a) {
+  extern __shared__ float4 smem4[];
+  const int hd = a.hd, hd4 = hd / 4;
+  float* sQt = reinterpret_cast<float*>(smem4);
+  float* sKt = sQt + hd * kTileQ;
+  float* sV = sKt + hd * kTileC;
+  float* sP = sV + kTileC * hd;
+  float* s_bias = sP + kTileQ * kTileC;
+  float* s_vscale = s_bias + kTileC;
+
+  const int h = blockIdx.y, kvh = h / (a.H / a.Hkv);
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;  // a row group is one half-warp
+  const int t0 = blockIdx.x * kTileQ;
+  const int base = a.S_seg + *a.n_past;  // query t sees columns [0, base + t]
+  const int t_last = min(a.T, t0 + kTileQ) - 1;
+
+  // Consecutive threads take consecutive queries (conflict-free transposed stores).
+  for (int e = tid; e < kTileQ * hd4; e += kTileThreads) {
+    const int r = e % kTileQ, d = (e / kTileQ) * 4, t = t0 + r;
+    const float4 v = t < a.T ? *reinterpret_cast<const float4*>(a.q + (size_t(t) * a.H + h) * hd + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+    store_transposed(sQt, kTileQ, d, r, v);
+  }
+
+  float m[4], l[4], es[4], acc[4][kTileDimGroups][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    m[i] = -INFINITY, l[i] = 0.f, es[i] = 0.f;
+#pragma unroll
+    for (int g = 0; g < kTileDimGroups; g++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[i][g][j] = 0.f;
+  }
+
+  const int S = base + t_last + 1;  // the columns the tile's last query sees
+  for (int c0 = 0; c0 < S; c0 += kTileC) {
+    const int n = min(kTileC, S - c0);
+    __syncthreads();  // Q is stored; the previous tile has been read by every thread
+    for (int e = tid; e < kTileC * hd4; e += kTileThreads) {
+      const int j = e % kTileC, d = (e / kTileC) * 4;
+      store_transposed(sKt, kTileC, d, j, j < n ? *reinterpret_cast<const float4*>(column(a, kvh, c0 + j).k + d) : make_float4(0.f, 0.f, 0.f, 0.f));
+    }
+    for (int e = tid; e < kTileC * hd4; e += kTileThreads) {  // V row-major: dimensions fastest
+      const int j = e / hd4, d = (e % hd4) * 4;
+      *reinterpret_cast<float4*>(sV + j * hd + d) =
+          j < n ? *reinterpret_cast<const float4*>(column(a, kvh, c0 + j).v + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (tid < kTileC) {
+      const Column col = tid < n ? column(a, kvh, c0 + tid) : Column{nullptr, nullptr, 0.f, 0.f};
+      s_bias[tid] = col.bias;
+      s_vscale[tid] = col.vscale;
+    }
+    __syncthreads();
+
+    float sc[4][4] = {};
+    for (int d = 0; d < hd; d++) {
+      const float4 q4 = *reinterpret_cast<const float4*>(sQt + d * kTileQ + ty * 4);
+      const float4 k4 = *reinterpret_cast<const float4*>(sKt + d * kTileC + tx * 4);
+      const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc[i][j] += qv[i] * kv[j];
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int t = t0 + ty * 4 + i;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int jj = tx * 4 + j;
+        const bool seen = t < a.T && jj < n && c0 + jj <= base + t;  // causal; past the tile's end
+        sc[i][j] = seen ? sc[i][j] * a.scale + s_bias[jj] : -INFINITY;
+        tile_max = fmaxf(tile_max, sc[i][j]);
+      }
+      const float m_new = fmaxf(m[i], half_warp_max(tile_max));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no column yet stays empty
+      const float corr = expf(m[i] - m_use);                 // 0 on the row's first column
+      float p[4], p_sum = 0.f, ps_sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        p[j] = expf(sc[i][j] - m_use);  // 0 for unseen columns
+        p_sum += p[j];
+        ps_sum += p[j] > 0.f ? p[j] * sc[i][j] : 0.f;
+      }
+      const float4 vs = *reinterpret_cast<const float4*>(s_vscale + tx * 4);
+      *reinterpret_cast<float4*>(sP + (ty * 4 + i) * kTileC + tx * 4) = make_float4(p[0] * vs.x, p[1] * vs.y, p[2] * vs.z, p[3] * vs.w);
+      l[i] = l[i] * corr + half_warp_sum(p_sum);
+      es[i] = es[i] * corr + half_warp_sum(ps_sum);
+      m[i] = m_new;
+#pragma unroll
+      for (int g = 0; g < kTileDimGroups; g++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][g][j] *= corr;
+    }
+    __syncthreads();  // P is complete
+
+    for (int c = 0; c < n; c += 4) {  // P is 0 and V zero-filled past n
+      float pr[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const float4 p4 = *reinterpret_cast<const float4*>(sP + (ty * 4 + i) * kTileC + c);
+        pr[i][0] = p4.x, pr[i][1] = p4.y, pr[i][2] = p4.z, pr[i][3] = p4.w;
+      }
+#pragma unroll
+      for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+        for (int g = 0; g < kTileDimGroups; g++) {
+          const int d = tx * 4 + 64 * g;
+          if (d >= hd) continue;
+          const float4 v4 = *reinterpret_cast<const float4*>(sV + (c + cc) * hd + d);
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            acc[i][g][0] += pr[i][cc] * v4.x;
+            acc[i][g][1] += pr[i][cc] * v4.y;
+            acc[i][g][2] += pr[i][cc] * v4.z;
+            acc[i][g][3] += pr[i][cc] * v4.w;
+          }
+        }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int t = t0 + ty * 4 + i;
+    if (t >= a.T) continue;
+    float* op = a.out + (size_t(t) * a.H + h) * hd;
+#pragma unroll
+    for (int g = 0; g < kTileDimGroups; g++) {
+      const int d = tx * 4 + 64 * g;
+      if (d < hd) *reinterpret_cast<float4*>(op + d) = make_float4(acc[i][g][0] / l[i], acc[i][g][1] / l[i], acc[i][g][2] / l[i], acc[i][g][3] / l[i]);
+    }
+    if (a.entropy && t == a.T - 1 && tx == 0) a.entropy[h] = entropy_of(m[i], l[i], es[i]);
+  }
+}
+
 // Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range; the warps
 // then merge, and the block writes its partial state (M, L, ES, Σ e^{s−M}·α·v) to a.partial.
 __global__ void attention_split_kernel(AttentionArgs a) {
@@ -616,6 +787,13 @@ void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
+  if (a.splits <= 1 && a.tiled && a.hd <= kTileMaxHeadDim && a.hd % 4 == 0) {
+    const size_t smem = tiled_smem_bytes(a.hd);
+    DKI_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attention_tiled_kernel<<<dim3((a.T + kTileQ - 1) / kTileQ, a.H), kTileThreads, smem, s>>>(a);
+    DKI_CUDA_LAUNCHED();
+    return;
+  }
   if (a.splits <= 1) {
     attention_prefill_kernel<<<dim3((a.T + kQueryTile - 1) / kQueryTile, a.H), kAttnWarps * 32, 0, s>>>(a);
     DKI_CUDA_LAUNCHED();
