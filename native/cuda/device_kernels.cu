@@ -174,9 +174,10 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 }
 
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
+// g: the RMSNorm gains folded into the input (x ⊙ g), or null; with g, ss[t] also sums x[t]²
+// over the columns this lane reads (the warp reads every column once).
 template <class Half, int T>
-// g: the RMSNorm gains folded into the input (x ⊙ g), or null.
-__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T]) {
+__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
   constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
   for (int c0 = lane * 8; c0 < cols; c0 += kStride * kGemvLoads) {
     uint4 raw[kGemvLoads];
@@ -198,6 +199,7 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
         const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
         const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4));
         acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+        if (g) ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
       }
     }
   }
@@ -205,7 +207,7 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
 
 // Q8_0 rows: each lane takes whole 32-weight blocks (scale once, then 32 int8 products).
 template <int T>
-__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T]) {
+__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
   for (int b = lane; b < cols / kQ8Block; b += 32) {
     const unsigned char* block = wr + size_t(b) * kQ8BlockBytes;
     const float d = __half2float(*reinterpret_cast<const __half*>(block));
@@ -213,54 +215,53 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
 #pragma unroll
     for (int t = 0; t < T; t++) {
       const float* xb = x + size_t(t) * cols + size_t(b) * kQ8Block;
-      float s = 0.f;
+      float s = 0.f, sq = 0.f;
 #pragma unroll
-      for (int j = 0; j < kQ8Block; j++) s += float(q[j]) * xb[j] * (g ? g[size_t(b) * kQ8Block + j] : 1.f);
+      for (int j = 0; j < kQ8Block; j++) {
+        s += float(q[j]) * xb[j] * (g ? g[size_t(b) * kQ8Block + j] : 1.f);
+        sq += xb[j] * xb[j];
+      }
       acc[t] += d * s;
+      if (g) ss[t] += sq;
     }
   }
 }
 
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
+// With RMSNorm gains g, ss[t] receives Σ x[t]² (the warp reads every column of x once anyway,
+// so the norm costs no pass of its own over the input).
 template <int T>
-__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T]) {
+__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
 #pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
+  for (int t = 0; t < T; t++) acc[t] = 0.f, ss[t] = 0.f;
   const size_t off = size_t(r) * W.cols;
   const bool vec8 = W.cols % 8 == 0;
   if (W.dtype == DType::BF16 && vec8) {
-    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc);
+    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::F16 && vec8) {
-    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc);
+    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::Q8_0) {
-    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, g, lane, acc);
+    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, g, lane, acc, ss);
   } else {
     for (int c = lane; c < W.cols; c += 32) {
       const float w = load_element(W.data, W.dtype, off + c) * (g ? g[c] : 1.f);
 #pragma unroll
-      for (int t = 0; t < T; t++) acc[t] += w * x[size_t(t) * W.cols + c];
+      for (int t = 0; t < T; t++) {
+        const float xv = x[size_t(t) * W.cols + c];
+        acc[t] += w * xv;
+        ss[t] += xv * xv;
+      }
     }
   }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-}
-
-// 1 / rms(x[t]) of each input row when the batch folds an RMSNorm in (else 1): every warp
-// computes it for itself from the rows, which its dot products read anyway.
-template <int T>
-__device__ __forceinline__ void input_scale(const GemvBatch& b, int lane, float (&inv)[T]) {
 #pragma unroll
   for (int t = 0; t < T; t++) {
-    inv[t] = 1.f;
-    if (!b.norm) continue;
-    float ss = 0.f;
-    for (int c = lane; c < b.cols; c += 32) {
-      const float v = __ldg(b.x + size_t(t) * b.cols + c);
-      ss += v * v;
-    }
-    inv[t] = rsqrtf(warp_sum(ss) / b.cols + b.eps);
+    acc[t] = warp_sum(acc[t]);
+    if (g) ss[t] = warp_sum(ss[t]);
   }
 }
+
+// 1 / rms of an input row from its sum of squares when the batch folds an RMSNorm in (else 1).
+__device__ __forceinline__ float input_scale(const GemvBatch& b, float ss) { return b.norm ? rsqrtf(ss / b.cols + b.eps) : 1.f; }
 
 // Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
 template <int T>
@@ -271,14 +272,13 @@ __global__ void gemv_kernel(GemvBatch b) {
   while (p < b.n_parts - 1 && r >= b.part[p].W.rows) r -= b.part[p++].W.rows;
   const GemvPart& P = b.part[p];
   if (r >= P.W.rows) return;
-  float acc[T], inv[T];
-  input_scale<T>(b, lane, inv);
-  row_dot<T>(P.W, r, b.x, b.norm, lane, acc);
+  float acc[T], ss[T];
+  row_dot<T>(P.W, r, b.x, b.norm, lane, acc, ss);
   if (lane != 0) return;
   const float bias = P.bias ? P.bias[r] : 0.f;
   for (int t = 0; t < T; t++) {
     float& y = P.y[size_t(t) * P.W.rows + r];
-    y = (b.accumulate ? y : 0.f) + acc[t] * inv[t] + bias;
+    y = (b.accumulate ? y : 0.f) + acc[t] * input_scale(b, ss[t]) + bias;
   }
 }
 
@@ -289,14 +289,14 @@ __global__ void gemv_swiglu_kernel(GemvBatch b) {
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
   const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
   if (r >= Wg.rows) return;
-  float g[T], u[T], inv[T];
-  input_scale<T>(b, lane, inv);
-  row_dot<T>(Wg, r, b.x, b.norm, lane, g);
-  row_dot<T>(Wu, r, b.x, b.norm, lane, u);
+  float g[T], u[T], ss[T], ss_again[T];
+  row_dot<T>(Wg, r, b.x, b.norm, lane, g, ss);
+  row_dot<T>(Wu, r, b.x, b.norm, lane, u, ss_again);
   if (lane != 0) return;
   for (int t = 0; t < T; t++) {
-    const float gt = g[t] * inv[t];
-    b.part[0].y[size_t(t) * Wg.rows + r] = gt / (1.f + expf(-gt)) * u[t] * inv[t];
+    const float inv = input_scale(b, ss[t]);
+    const float gt = g[t] * inv;
+    b.part[0].y[size_t(t) * Wg.rows + r] = gt / (1.f + expf(-gt)) * u[t] * inv;
   }
 }
 
