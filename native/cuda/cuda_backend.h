@@ -26,16 +26,17 @@ std::shared_ptr<CudaWeights> cuda_upload(const Model& m, int device);
 uint64_t cuda_weight_bytes(const CudaWeights& w);
 int cuda_weights_device(const CudaWeights& w);
 
-// K/V blocks in device memory (kv_block.h's DeviceKV): fp32, the KVBlock layout. Copies run on
-// a stream of their own, so they overlap a forward pass running on the same GPU; the calling
+// K/V blocks in device memory (kv_block.h's DeviceKV): fp32, the KVBlock layout. Host↔device
+// copies go through the GPU's staging lane (a stream of its own and pinned chunks, one transfer
+// at a time: device_kv.cu), so they overlap a forward pass running on the same GPU; the calling
 // (worker) thread waits for its copy, never the JS thread.
 int device_kv_device(const DeviceKV& d);
+uint64_t device_kv_bytes(const DeviceKV& d);
 // Bytes of freed K/V block buffers each GPU keeps for reuse (kv_block.h's set_kv_pool_bytes sets
 // the host's cap and this one).
 void cuda_set_pool_bytes(size_t bytes);
 // Bytes GPU `device`'s pool keeps now (0 before its first block).
 size_t cuda_pool_bytes(int device);
-uint64_t device_kv_bytes(const DeviceKV& d);
 // b with its tensors in GPU `device`'s memory (b itself when they are there already).
 std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBlock> b, int device);
 // b with its tensors in host memory (b itself when they are there already).

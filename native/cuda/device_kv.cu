@@ -1,6 +1,7 @@
-// K/V blocks in GPU memory: moving them between host and device, and kv_ops.h's operations on
-// them without leaving the device. Each call gets a stream of its own (not the legacy default
-// stream, which would wait for every context's forward pass on the device).
+// K/V blocks in GPU memory: moving them between host and device (through each GPU's staging
+// lane), the GPU's pool of block buffers, and kv_ops.h's operations on blocks without leaving the
+// device. No call uses the legacy default stream, which would wait for every context's forward
+// pass on the device: copies run on the lane's stream, the other operations on a stream each.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
