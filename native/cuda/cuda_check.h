@@ -1,13 +1,13 @@
 // Every CUDA and cuBLAS call goes through these: a failure becomes a dki::Error (a JS Error in
 // the binding) naming the call and where it was made, never an abort.
 #pragma once
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "buffer_pool.h"
 #include "common.h"
+#include "cuda/cublas_api.cuh"
 
 namespace dki {
 
@@ -17,7 +17,7 @@ namespace dki {
 }
 
 [[noreturn]] inline void cublas_fail(cublasStatus_t s, const char* call, const char* file, int line) {
-  throw Error(std::string("cuBLAS error: ") + cublasGetStatusString(s) + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
+  throw Error(std::string("cuBLAS error: ") + cublas_api().status_string(s) + " in " + call + " (" + file + ":" + std::to_string(line) + ")");
 }
 
 #define DKI_CUDA_CHECK(call)                                                   \

@@ -63,7 +63,7 @@ struct CudaForward::Impl {
     if (!w) return;
     cudaSetDevice(w->device);
     if (graph) cudaGraphExecDestroy(graph);
-    if (blas) cublasDestroy(blas);
+    if (blas) cublas_api().destroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -125,7 +125,7 @@ struct CudaForward::Impl {
   // Column-major view: Yᵀ [rows, T] = W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T].
   void gemm(const void* A, cudaDataType_t type, const DeviceMatrix& W, const void* X, int T, float* y, bool accumulate) {
     const float one = 1.f, beta = accumulate ? 1.f : 0.f;
-    DKI_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, X, type, W.cols, &beta, y,
+    DKI_CUBLAS_CHECK(cublas_api().gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, X, type, W.cols, &beta, y,
                                   CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -177,10 +177,10 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   const ModelConfig& c = s.cfg;
   DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
   DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-  DKI_CUBLAS_CHECK(cublasCreate(&s.blas));
-  DKI_CUBLAS_CHECK(cublasSetStream(s.blas, s.stream));
+  DKI_CUBLAS_CHECK(cublas_api().create(&s.blas));
+  DKI_CUBLAS_CHECK(cublas_api().set_stream(s.blas, s.stream));
   // Plain fp32 math in F32 GEMMs (no TF32), so F32 models match the CPU to ~1e-5.
-  DKI_CUBLAS_CHECK(cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH));
+  DKI_CUBLAS_CHECK(cublas_api().set_math_mode(s.blas, CUBLAS_DEFAULT_MATH));
 
   const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
