@@ -35,6 +35,9 @@ namespace dki {
 // A kernel launch reports a bad configuration only through cudaGetLastError.
 #define DKI_CUDA_LAUNCHED() DKI_CUDA_CHECK(cudaGetLastError())
 
+// Frees the K/V block buffers GPU `device` keeps for reuse (device_kv.cu); whether there were any.
+bool drain_device_block_pool(int device);
+
 // Device memory owned by one object, optionally recycled through a pool. Out of memory is an
 // error that says how much was asked for, for what, and how much the device had free.
 class DeviceBuffer {
@@ -57,17 +60,17 @@ class DeviceBuffer {
   void allocate(size_t bytes, const char* what) {
     release();
     if (bytes == 0) return;
-    p_ = device_malloc(bytes, what, nullptr);
+    p_ = device_malloc(bytes, what);
     bytes_ = bytes;
   }
-  // Memory of pool_size_class(bytes) from `pool` when it keeps one, else newly allocated (the
-  // pool's buffers are freed first if the device is out of memory); given back to it on release.
+  // Memory of pool_size_class(bytes) from `pool` when it keeps one, else newly allocated; given
+  // back to it on release.
   void allocate_pooled(size_t bytes, const char* what, BufferPool& pool) {
     release();
     if (bytes == 0) return;
     const size_t size = pool_size_class(bytes);
     p_ = pool.take(size);
-    if (!p_) p_ = device_malloc(size, what, &pool);
+    if (!p_) p_ = device_malloc(size, what);
     bytes_ = bytes;
     pool_ = &pool;
   }
@@ -87,12 +90,14 @@ class DeviceBuffer {
   size_t bytes_ = 0;
   BufferPool* pool_ = nullptr;
 
-  static void* device_malloc(size_t bytes, const char* what, BufferPool* pool) {
+  // cudaMalloc on the current device. Out of memory, the freed K/V blocks the device keeps for
+  // reuse are given back first and the allocation tried again: nobody needs that memory.
+  static void* device_malloc(size_t bytes, const char* what) {
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation && pool && pool->held() > 0) {
+    int device = 0;
+    if (e == cudaErrorMemoryAllocation && cudaGetDevice(&device) == cudaSuccess && drain_device_block_pool(device)) {
       cudaGetLastError();
-      pool->drain();
       e = cudaMalloc(&p, bytes);
     }
     if (e == cudaErrorMemoryAllocation) {

@@ -373,6 +373,15 @@ void cuda_set_pool_bytes(size_t bytes) {
   for (auto& [device, pool] : d.pools) pool->set_cap(bytes);
 }
 
+bool drain_device_block_pool(int device) {
+  DevicePools& d = device_pools();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  const auto it = d.pools.find(device);
+  if (it == d.pools.end() || it->second->held() == 0) return false;
+  it->second->drain();
+  return true;
+}
+
 size_t cuda_pool_bytes(int device) {
   DevicePools& d = device_pools();
   std::lock_guard<std::mutex> lock(d.mutex);
