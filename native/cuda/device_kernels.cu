@@ -18,8 +18,16 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(size_t n, int threads = kThreads) { return unsigned((n + threads - 1) / threads); }
 
+// The sum (or max) over each group of kLanes consecutive lanes (a power of two up to 32), in every
+// lane of the group; by default the whole warp.
+template <int kLanes = 32>
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int kLanes = 32>
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kLanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -466,15 +474,6 @@ constexpr int kTileDimGroups = kTileMaxHeadDim / 64;  // float4 output groups pe
 // tile's column biases and value scales.
 size_t tiled_smem_bytes(int hd) { return sizeof(float) * (size_t(hd) * (kTileQ + 2 * kTileC) + kTileQ * kTileC + 2 * kTileC); }
 
-__device__ __forceinline__ float half_warp_max(float v) {
-  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float half_warp_sum(float v) {
-  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Stores 4 consecutive dimensions d.. of row r into a transposed [hd][ld] tile.
 __device__ __forceinline__ void store_transposed(float* tile, int ld, int d, int r, float4 v) {
   tile[(d + 0) * ld + r] = v.x;
@@ -558,7 +557,7 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
         sc[i][j] = seen ? sc[i][j] * a.scale + s_bias[jj] : -INFINITY;
         tile_max = fmaxf(tile_max, sc[i][j]);
       }
-      const float m_new = fmaxf(m[i], half_warp_max(tile_max));
+      const float m_new = fmaxf(m[i], warp_max<16>(tile_max));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no column yet stays empty
       const float corr = expf(m[i] - m_use);                 // 0 on the row's first column
       float p[4], p_sum = 0.f, ps_sum = 0.f;
@@ -570,8 +569,8 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
       }
       const float4 vs = *reinterpret_cast<const float4*>(s_vscale + tx * 4);
       *reinterpret_cast<float4*>(sP + (ty * 4 + i) * kTileC + tx * 4) = make_float4(p[0] * vs.x, p[1] * vs.y, p[2] * vs.z, p[3] * vs.w);
-      l[i] = l[i] * corr + half_warp_sum(p_sum);
-      es[i] = es[i] * corr + half_warp_sum(ps_sum);
+      l[i] = l[i] * corr + warp_sum<16>(p_sum);
+      es[i] = es[i] * corr + warp_sum<16>(ps_sum);
       m[i] = m_new;
 #pragma unroll
       for (int g = 0; g < kTileDimGroups; g++)
