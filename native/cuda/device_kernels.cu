@@ -182,10 +182,10 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 }
 
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
-// g: the RMSNorm gains folded into the input (x ⊙ g), or null; with g, ss[t] also sums x[t]²
-// over the columns this lane reads (the warp reads every column once).
+// g: the RMSNorm gains folded into the input (x ⊙ g), or null. ss, when not null, also sums
+// x[t]² into ss[t] over the columns this lane reads (the warp reads every column once).
 template <class Half, int T>
-__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
+__device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
   constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
   for (int c0 = lane * 8; c0 < cols; c0 += kStride * kGemvLoads) {
     uint4 raw[kGemvLoads];
@@ -207,7 +207,7 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
         const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
         const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4));
         acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
-        if (g) ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+        if (ss) ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
       }
     }
   }
@@ -215,7 +215,7 @@ __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* 
 
 // Q8_0 rows: each lane takes whole 32-weight blocks (scale once, then 32 int8 products).
 template <int T>
-__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
+__device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
   for (int b = lane; b < cols / kQ8Block; b += 32) {
     const unsigned char* block = wr + size_t(b) * kQ8BlockBytes;
     const float d = __half2float(*reinterpret_cast<const __half*>(block));
@@ -227,21 +227,24 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
 #pragma unroll
       for (int j = 0; j < kQ8Block; j++) {
         s += float(q[j]) * xb[j] * (g ? g[size_t(b) * kQ8Block + j] : 1.f);
-        sq += xb[j] * xb[j];
+        if (ss) sq += xb[j] * xb[j];
       }
       acc[t] += d * s;
-      if (g) ss[t] += sq;
+      if (ss) ss[t] += sq;
     }
   }
 }
 
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
-// With RMSNorm gains g, ss[t] receives Σ x[t]² (the warp reads every column of x once anyway,
-// so the norm costs no pass of its own over the input).
+// ss, when not null, receives Σ x[t]² in ss[t], for a folded RMSNorm: the warp reads every column
+// of x once anyway, so the norm costs no pass of its own over the input.
 template <int T>
-__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T], float (&ss)[T]) {
+__device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
 #pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f, ss[t] = 0.f;
+  for (int t = 0; t < T; t++) {
+    acc[t] = 0.f;
+    if (ss) ss[t] = 0.f;
+  }
   const size_t off = size_t(r) * W.cols;
   const bool vec8 = W.cols % 8 == 0;
   if (W.dtype == DType::BF16 && vec8) {
@@ -257,19 +260,20 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
       for (int t = 0; t < T; t++) {
         const float xv = x[size_t(t) * W.cols + c];
         acc[t] += w * xv;
-        ss[t] += xv * xv;
+        if (ss) ss[t] += xv * xv;
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < T; t++) {
     acc[t] = warp_sum(acc[t]);
-    if (g) ss[t] = warp_sum(ss[t]);
+    if (ss) ss[t] = warp_sum(ss[t]);
   }
 }
 
-// 1 / rms of an input row from its sum of squares when the batch folds an RMSNorm in (else 1).
-__device__ __forceinline__ float input_scale(const GemvBatch& b, float ss) { return b.norm ? rsqrtf(ss / b.cols + b.eps) : 1.f; }
+// 1 / rms of input row t from its sum of squares ss[t] when the batch folds an RMSNorm in (else 1,
+// and ss is not read).
+__device__ __forceinline__ float input_scale(const GemvBatch& b, const float* ss, int t) { return b.norm ? rsqrtf(ss[t] / b.cols + b.eps) : 1.f; }
 
 // Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
 template <int T>
@@ -281,12 +285,12 @@ __global__ void gemv_kernel(GemvBatch b) {
   const GemvPart& P = b.part[p];
   if (r >= P.W.rows) return;
   float acc[T], ss[T];
-  row_dot<T>(P.W, r, b.x, b.norm, lane, acc, ss);
+  row_dot<T>(P.W, r, b.x, b.norm, lane, acc, b.norm ? ss : nullptr);
   if (lane != 0) return;
   const float bias = P.bias ? P.bias[r] : 0.f;
   for (int t = 0; t < T; t++) {
     float& y = P.y[size_t(t) * P.W.rows + r];
-    y = (b.accumulate ? y : 0.f) + acc[t] * input_scale(b, ss[t]) + bias;
+    y = (b.accumulate ? y : 0.f) + acc[t] * input_scale(b, ss, t) + bias;
   }
 }
 
@@ -297,12 +301,12 @@ __global__ void gemv_swiglu_kernel(GemvBatch b) {
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
   const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
   if (r >= Wg.rows) return;
-  float g[T], u[T], ss[T], ss_again[T];
-  row_dot<T>(Wg, r, b.x, b.norm, lane, g, ss);
-  row_dot<T>(Wu, r, b.x, b.norm, lane, u, ss_again);
+  float g[T], u[T], ss[T];
+  row_dot<T>(Wg, r, b.x, b.norm, lane, g, b.norm ? ss : nullptr);  // the input's squares once, for both rows
+  row_dot<T>(Wu, r, b.x, b.norm, lane, u, nullptr);
   if (lane != 0) return;
   for (int t = 0; t < T; t++) {
-    const float inv = input_scale(b, ss[t]);
+    const float inv = input_scale(b, ss, t);
     const float gt = g[t] * inv;
     b.part[0].y[size_t(t) * Wg.rows + r] = gt / (1.f + expf(-gt)) * u[t] * inv;
   }
