@@ -181,6 +181,7 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         toDevice?: boolean;
         storages: Record<string, { bytes: number; encoded: boolean; decoded: boolean }>;
         corrupt: Record<string, string | null>;
+        segmentsMaxDiff: number;
       };
     }
 
@@ -193,6 +194,13 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         expect(r.storages[storage], storage).toMatchObject({ encoded: true, decoded: true });
       }
       expect(r.corrupt).toEqual({ first: expect.stringMatching(/checksum mismatch/), last: expect.stringMatching(/checksum mismatch/) });
+      expect(r.segmentsMaxDiff).toBeLessThan(1e-5);
+    });
+
+    test("injected segments from host memory go up through the staging lane in chunks of whole rows too (400 bytes: 2 of the 4 rows of a 3-token block; the test above cuts rows in 48-byte pieces): logits equal those of the same blocks on the GPU", () => {
+      const r = stagedRestore("400");
+      expect(r.error).toBeUndefined();
+      expect(r.segmentsMaxDiff).toBeLessThan(1e-5);
     });
 
     test("freed device blocks go to the GPU's pool, capped by setKVPoolBytes, and their memory serves the next block", async () => {

@@ -233,25 +233,32 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
     s.seg_bias.allocate(S * f, "segment score biases");
     s.seg_vscale.allocate(S * f, "segment value scales");
   }
-  if (!same) s.uploaded.clear();  // a failed upload must not leave a stale "same" behind
+  if (!same) {
+    s.uploaded.clear();  // a failed upload must not leave a stale "same" behind
+    // Host blocks go up through the GPU's staging lane, on a stream of its own: nothing on this
+    // context's stream may still read the segments they overwrite.
+    DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  }
   std::vector<float> bias(S), vscale(S);
   int off = 0;
   for (const auto& seg : segments) {
     const KVBlock& b = *seg.block;
     if (!same) {
       // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats,
-      // from host memory or, for a block already on this GPU, device to device.
-      const size_t width = size_t(b.n_tokens) * hd * f;
-      const float *k = b.k.data(), *v = b.v.data();
-      cudaMemcpyKind kind = cudaMemcpyHostToDevice;
-      if (b.device) {
-        if (b.device->device != s.w->device)
-          throw Error("setSegments: a K/V block is on cuda:" + std::to_string(b.device->device) + ", this context on cuda:" +
-                      std::to_string(s.w->device) + "; move it with toDevice() first");
-        k = b.device->k.get<float>(), v = b.device->v.get<float>(), kind = cudaMemcpyDeviceToDevice;
+      // from host memory (pinned chunks) or, for a block already on this GPU, device to device.
+      const size_t width = size_t(b.n_tokens) * hd * f, pitch = S * hd * f;
+      float *seg_k = s.seg_k.get<float>() + off * hd, *seg_v = s.seg_v.get<float>() + off * hd;
+      if (!b.device) {
+        upload_rows(s.w->device, b.k.data(), width, heads, seg_k, pitch);
+        upload_rows(s.w->device, b.v.data(), width, heads, seg_v, pitch);
+      } else if (b.device->device != s.w->device) {
+        throw Error("setSegments: a K/V block is on cuda:" + std::to_string(b.device->device) + ", this context on cuda:" +
+                    std::to_string(s.w->device) + "; move it with toDevice() first");
+      } else {
+        const float *k = b.device->k.get<float>(), *v = b.device->v.get<float>();
+        DKI_CUDA_CHECK(cudaMemcpy2DAsync(seg_k, pitch, k, width, width, heads, cudaMemcpyDeviceToDevice, s.stream));
+        DKI_CUDA_CHECK(cudaMemcpy2DAsync(seg_v, pitch, v, width, width, heads, cudaMemcpyDeviceToDevice, s.stream));
       }
-      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_k.get<float>() + off * hd, S * hd * f, k, width, width, heads, kind, s.stream));
-      DKI_CUDA_CHECK(cudaMemcpy2DAsync(s.seg_v.get<float>() + off * hd, S * hd * f, v, width, width, heads, kind, s.stream));
     }
     for (int i = 0; i < b.n_tokens; i++) {
       bias[off + i] = seg.logit_scaling ? std::log(seg.alpha) : 0.f;

@@ -202,16 +202,39 @@ struct Section {
   void* device;                  // Bytes: the device address of byte 0; otherwise the fp32 tensor
   const float* scale = nullptr;  // Int8: the tensor's scales, in device memory
   bool per_channel = false;      // Int8: keys (per channel) or values (per row)
+  // Bytes only, when not 0: the stretch is rows of `width` bytes, contiguous on the host and
+  // `pitch` bytes apart on the device (an injected block's rows in a context's segment tensor).
+  size_t width = 0, pitch = 0;
+
+  // The bytes [at, at + n) of the stretch at the device: a chunk holds whole rows, or lies in one.
+  void copy_to_device(const unsigned char* from, size_t at, size_t n, cudaStream_t s) const {
+    unsigned char* to = static_cast<unsigned char*>(device);
+    if (width == 0) DKI_CUDA_CHECK(cudaMemcpyAsync(to + at, from, n, cudaMemcpyHostToDevice, s));
+    else if (at % width == 0 && n % width == 0)
+      DKI_CUDA_CHECK(cudaMemcpy2DAsync(to + at / width * pitch, pitch, from, width, width, n / width, cudaMemcpyHostToDevice, s));
+    else DKI_CUDA_CHECK(cudaMemcpyAsync(to + at / width * pitch + at % width, from, n, cudaMemcpyHostToDevice, s));
+  }
 };
 
+// Bytes of the section's chunk at `at`: at most the lane's chunk and, for rows, whole rows or
+// the rest of one row. Chunk sizes are multiples of 16 bytes, so no element of a Half or Int8
+// section is split.
+size_t chunk_at(const StagingLane& lane, const Section& sec, size_t at) {
+  const size_t left = sec.bytes - at;
+  if (sec.width == 0) return std::min(lane.chunk, left);
+  if (sec.width <= lane.chunk) return std::min(lane.chunk / sec.width * sec.width, left);
+  return std::min(lane.chunk, sec.width - at % sec.width);
+}
+
 // Runs fn(section, slot, offset, n) over the sections' chunks in order, advancing the slot.
-// Chunk sizes are multiples of 16 bytes, so no element is split. The caller holds the lane.
+// The caller holds the lane.
 template <class F>
 void for_each_chunk(StagingLane& lane, const std::vector<Section>& sections, F&& fn) {
   int slot = 0;
   for (const Section& sec : sections)
-    for (size_t at = 0; at < sec.bytes; at += lane.chunk) {
-      fn(sec, slot, at, std::min(lane.chunk, sec.bytes - at));
+    for (size_t at = 0, n = 0; at < sec.bytes; at += n) {
+      n = chunk_at(lane, sec, at);
+      fn(sec, slot, at, n);
       slot = (slot + 1) % kSlots;
     }
 }
@@ -239,7 +262,7 @@ void upload(StagingLane& lane, const std::vector<Section>& sections, KVStorage s
       if (hash) hash->update_copy(sec.host + at, pinned, n);
       else std::memcpy(pinned, sec.host + at, n);
       if (sec.kind == Section::Bytes) {
-        DKI_CUDA_CHECK(cudaMemcpyAsync(static_cast<unsigned char*>(sec.device) + at, pinned, n, cudaMemcpyHostToDevice, s));
+        sec.copy_to_device(pinned, at, n, s);
       } else {
         DKI_CUDA_CHECK(cudaMemcpyAsync(lane.dev[slot].get(), pinned, n, cudaMemcpyHostToDevice, s));
         float* x = static_cast<float*>(sec.device);
@@ -344,6 +367,15 @@ std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStor
   const auto sections = payload_sections(locked.lane, shape, storage, const_cast<unsigned char*>(payload), d->k.get<float>(), d->v.get<float>());
   upload(locked.lane, sections, storage, shape.n_tokens, shape.head_dim, &hash);
   return d;
+}
+
+void upload_rows(int device, const void* host, size_t width, size_t rows, void* dst, size_t pitch) {
+  if (width == 0 || rows == 0) return;
+  LockedLane locked(device);
+  // upload() only reads the host rows.
+  Section rows_at{Section::Bytes, static_cast<unsigned char*>(const_cast<void*>(host)), width * rows, dst};
+  rows_at.width = width, rows_at.pitch = pitch;
+  upload(locked.lane, {rows_at}, KVStorage::F32, 0, 0, nullptr);
 }
 
 namespace {

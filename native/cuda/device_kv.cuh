@@ -11,6 +11,10 @@ namespace dki {
 // its stream before it returns, so nothing is ever in flight on a block nobody holds.
 BufferPool& device_block_pool(int device);
 
+// `rows` rows of `width` bytes, contiguous at `host`, into rows `pitch` bytes apart at `dst` in
+// GPU `device`'s memory, through that GPU's staging lane; returns once they are there.
+void upload_rows(int device, const void* host, size_t width, size_t rows, void* dst, size_t pitch);
+
 struct DeviceKV {
   int device = 0;
   size_t elements = 0;  // of K, and of V: [layer][kv_head][token][head_dim] fp32
