@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -19,8 +20,8 @@ inline size_t pool_size_class(size_t bytes) {
 
 class BufferPool {
  public:
-  using FreeFn = void (*)(void*);
-  BufferPool(FreeFn free_fn, size_t cap) : free_fn_(free_fn), cap_(cap) {}
+  using FreeFn = std::function<void(void*)>;
+  BufferPool(FreeFn free_fn, size_t cap) : free_fn_(std::move(free_fn)), cap_(cap) {}
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 

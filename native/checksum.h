@@ -44,6 +44,7 @@ class Checksum64 {
 
   template <bool kCopy>
   void consume(const unsigned char* src, unsigned char* dst, size_t n) {
+    if (n == 0) return;  // src may be null (an empty vector's data())
     total_ += n;
     size_t i = 0;
     if (pending_n_ > 0) {

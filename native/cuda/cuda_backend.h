@@ -68,7 +68,8 @@ class CudaForward {
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;
 
-  // Uploads the segments' K/V; the same blocks set again (other α allowed) are not copied again.
+  // Takes the segments; their K/V go up when the next chunk runs (on its worker thread, not the
+  // caller's). The same blocks set again (other α allowed) are not copied again.
   void set_segments(const std::vector<Segment>& segments);
 
   // Runs T ≤ kMaxCudaChunk tokens at positions pos0.. after n_past cached ones. logits receives the

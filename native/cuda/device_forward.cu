@@ -48,6 +48,10 @@ struct CudaForward::Impl {
   // reused by other blocks: the same blocks set again (a user's memory on every turn) are not
   // uploaded again.
   std::vector<std::shared_ptr<const KVBlock>> uploaded;
+  // Segments set since the last chunk, uploaded when the next chunk runs: on the worker thread
+  // that runs it, not on the JS thread that sets them.
+  std::vector<Segment> pending;
+  bool segments_changed = false;
 
   // Decode steps replay a graph captured for one set of launch arguments (GraphKey); another set
   // (new segments, another row count, the probe switched) captures again. DKI_CUDA_GRAPHS=0
@@ -88,6 +92,9 @@ struct CudaForward::Impl {
   void record(int T, int rows, int probe_layer, bool probe);
   // record() captured as an instantiated graph, or null (and use_graphs off) if that failed.
   cudaGraphExec_t capture(int T, int rows, int probe_layer, bool probe);
+
+  // Uploads `pending` into seg_k/seg_v/seg_bias/seg_vscale and sets S_seg.
+  void upload_segments();
 
   // Own tokens [from, to) of the cache into block-layout k and v (host or device memory).
   void copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const;
@@ -214,30 +221,42 @@ CudaForward::~CudaForward() = default;
 
 void CudaForward::set_segments(const std::vector<Segment>& segments) {
   Impl& s = *impl_;
-  const ModelConfig& c = s.cfg;
-  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  for (const auto& seg : segments)
+    if (seg.block->device && seg.block->device->device != s.w->device)
+      throw Error("setSegments: a K/V block is on cuda:" + std::to_string(seg.block->device->device) + ", this context on cuda:" +
+                  std::to_string(s.w->device) + "; move it with toDevice() first");
+  s.pending = segments;
+  s.segments_changed = true;
+}
+
+void CudaForward::Impl::upload_segments() {
+  const std::vector<Segment>& segments = pending;
+  const ModelConfig& c = cfg;
   int S = 0;
-  bool same = segments.size() == s.uploaded.size();
+  bool same = segments.size() == uploaded.size();
   for (size_t i = 0; i < segments.size(); i++) {
     S += segments[i].block->n_tokens;
-    same = same && segments[i].block == s.uploaded[i];
+    same = same && segments[i].block == uploaded[i];
   }
-  s.S_seg = S;
-  if (S == 0) return;
+  S_seg = S;
+  if (S == 0) {
+    segments_changed = false;
+    return;
+  }
   const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
-  if (s.seg_k.bytes() < heads * S * hd * f) {
-    s.seg_k.allocate(heads * S * hd * f, "injected segment keys");
-    s.seg_v.allocate(heads * S * hd * f, "injected segment values");
+  if (seg_k.bytes() < heads * S * hd * f) {
+    seg_k.allocate(heads * S * hd * f, "injected segment keys");
+    seg_v.allocate(heads * S * hd * f, "injected segment values");
   }
-  if (s.seg_bias.bytes() < S * f) {
-    s.seg_bias.allocate(S * f, "segment score biases");
-    s.seg_vscale.allocate(S * f, "segment value scales");
+  if (seg_bias.bytes() < S * f) {
+    seg_bias.allocate(S * f, "segment score biases");
+    seg_vscale.allocate(S * f, "segment value scales");
   }
   if (!same) {
-    s.uploaded.clear();  // a failed upload must not leave a stale "same" behind
+    uploaded.clear();  // a failed upload must not leave a stale "same" behind
     // Host blocks go up through the GPU's staging lane, on a stream of its own: nothing on this
     // context's stream may still read the segments they overwrite.
-    DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    DKI_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   std::vector<float> bias(S), vscale(S);
   int off = 0;
@@ -247,17 +266,14 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
       // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats,
       // from host memory (pinned chunks) or, for a block already on this GPU, device to device.
       const size_t width = size_t(b.n_tokens) * hd * f, pitch = S * hd * f;
-      float *seg_k = s.seg_k.get<float>() + off * hd, *seg_v = s.seg_v.get<float>() + off * hd;
+      float *to_k = seg_k.get<float>() + off * hd, *to_v = seg_v.get<float>() + off * hd;
       if (!b.device) {
-        upload_rows(s.w->device, b.k.data(), width, heads, seg_k, pitch);
-        upload_rows(s.w->device, b.v.data(), width, heads, seg_v, pitch);
-      } else if (b.device->device != s.w->device) {
-        throw Error("setSegments: a K/V block is on cuda:" + std::to_string(b.device->device) + ", this context on cuda:" +
-                    std::to_string(s.w->device) + "; move it with toDevice() first");
-      } else {
+        upload_rows(w->device, b.k.data(), width, heads, to_k, pitch);
+        upload_rows(w->device, b.v.data(), width, heads, to_v, pitch);
+      } else {  // on this GPU: set_segments checked
         const float *k = b.device->k.get<float>(), *v = b.device->v.get<float>();
-        DKI_CUDA_CHECK(cudaMemcpy2DAsync(seg_k, pitch, k, width, width, heads, cudaMemcpyDeviceToDevice, s.stream));
-        DKI_CUDA_CHECK(cudaMemcpy2DAsync(seg_v, pitch, v, width, width, heads, cudaMemcpyDeviceToDevice, s.stream));
+        DKI_CUDA_CHECK(cudaMemcpy2DAsync(to_k, pitch, k, width, width, heads, cudaMemcpyDeviceToDevice, stream));
+        DKI_CUDA_CHECK(cudaMemcpy2DAsync(to_v, pitch, v, width, width, heads, cudaMemcpyDeviceToDevice, stream));
       }
     }
     for (int i = 0; i < b.n_tokens; i++) {
@@ -266,11 +282,12 @@ void CudaForward::set_segments(const std::vector<Segment>& segments) {
     }
     off += b.n_tokens;
   }
-  DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, s.stream));
-  DKI_CUDA_CHECK(cudaMemcpyAsync(s.seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, s.stream));
-  DKI_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // the host vectors above die with this call
-  s.uploaded.clear();
-  for (const auto& seg : segments) s.uploaded.push_back(seg.block);
+  DKI_CUDA_CHECK(cudaMemcpyAsync(seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, stream));
+  DKI_CUDA_CHECK(cudaMemcpyAsync(seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, stream));
+  DKI_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors above die with this call
+  uploaded.clear();
+  for (const auto& seg : segments) uploaded.push_back(seg.block);
+  segments_changed = false;
 }
 
 void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe) {
@@ -362,6 +379,7 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
   const size_t V = c.vocab_size;
   cudaStream_t st = s.stream;
   DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  if (s.segments_changed) s.upload_segments();
 
   // The chunk's inputs, staged in pinned memory and sent in one copy. Angles in double, exactly
   // as the CPU backend computes them. The previous chunk's copy has finished: every eval_chunk
@@ -404,9 +422,14 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
 void CudaForward::Impl::copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const {
   const size_t hd = cfg.head_dim, n = size_t(to - from), heads = size_t(cfg.n_layers) * cfg.n_kv_heads, f = sizeof(float);
   DKI_CUDA_CHECK(cudaSetDevice(w->device));
-  DKI_CUDA_CHECK(cudaMemcpy2DAsync(k, n * hd * f, k_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
-  DKI_CUDA_CHECK(cudaMemcpy2DAsync(v, n * hd * f, v_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
-  DKI_CUDA_CHECK(cudaStreamSynchronize(stream));
+  try {
+    DKI_CUDA_CHECK(cudaMemcpy2DAsync(k, n * hd * f, k_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
+    DKI_CUDA_CHECK(cudaMemcpy2DAsync(v, n * hd * f, v_cache.get<float>() + from * hd, max_tokens * hd * f, n * hd * f, heads, kind, stream));
+    DKI_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    cudaStreamSynchronize(stream);  // before the caller frees k and v
+    throw;
+  }
 }
 
 void CudaForward::export_kv(int from, int to, float* k, float* v) const { impl_->copy_out(from, to, k, v, cudaMemcpyDeviceToHost); }

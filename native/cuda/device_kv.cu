@@ -23,13 +23,19 @@ namespace dki {
 
 namespace {
 
+// A stream for one operation on device blocks. Declared after the blocks it writes: when an
+// enqueue throws, it is destroyed first and waits, so no copy or kernel still writes into a
+// block whose memory has gone back to the pool.
 class CopyStream {
  public:
   explicit CopyStream(int device) {
     DKI_CUDA_CHECK(cudaSetDevice(device));
     DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
-  ~CopyStream() { cudaStreamDestroy(s_); }
+  ~CopyStream() {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
   cudaStream_t get() const { return s_; }
@@ -68,7 +74,9 @@ void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq, boo
     cs[i] = float(std::cos(double(delta) * inv_freq[i]));
     cs[half + i] = float(std::sin(double(delta) * inv_freq[i]));
   }
-  DeviceBuffer angles(cs.size() * sizeof(float), "rotary angles");
+  // From the pool: cudaMalloc/cudaFree would wait for every context's work on the GPU.
+  DeviceBuffer angles;
+  angles.allocate_pooled(cs.size() * sizeof(float), "rotary angles", device_block_pool(b.device->device));
   DKI_CUDA_CHECK(cudaMemcpyAsync(angles.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, s));
   const size_t rows = size_t(b.n_layers) * b.n_kv_heads * b.n_tokens;
   launch_rope(b.device->k.get<float>(), 1, int(rows), b.head_dim, angles.get<float>(), angles.get<float>() + half, interleaved, s);
@@ -168,11 +176,19 @@ struct StagingLane {
 
   explicit StagingLane(int device) : chunk(staging_chunk_bytes()) {
     DKI_CUDA_CHECK(cudaSetDevice(device));
-    DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (int i = 0; i < kSlots; i++) {
       host[i].allocate(chunk, "K/V staging");
       dev[i].allocate(chunk, "K/V staging");
-      DKI_CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+    }
+    // Last, so that a failure above leaves nothing behind (the buffers free themselves).
+    try {
+      DKI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      for (int i = 0; i < kSlots; i++) DKI_CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+    } catch (...) {
+      for (cudaEvent_t e : done)
+        if (e) cudaEventDestroy(e);
+      if (stream) cudaStreamDestroy(stream);
+      throw;
     }
   }
 };
@@ -186,9 +202,9 @@ struct LockedLane {
 
   static StagingLane& find(int device) {
     static std::mutex mutex;
-    static std::map<int, StagingLane*> lanes;
+    static auto* lanes = new std::map<int, StagingLane*>;  // never destroyed either
     std::lock_guard<std::mutex> lock(mutex);
-    StagingLane*& lane = lanes[device];
+    StagingLane*& lane = (*lanes)[device];
     if (!lane) lane = new StagingLane(device);  // a throw leaves it null, to be tried again
     return *lane;
   }
@@ -394,23 +410,44 @@ BufferPool& device_block_pool(int device) {
   DevicePools& d = device_pools();
   std::lock_guard<std::mutex> lock(d.mutex);
   BufferPool*& pool = d.pools[device];
-  if (!pool) pool = new BufferPool([](void* p) { cudaFree(p); }, d.cap);
+  if (!pool) {
+    // A block may be dropped on any thread, whatever device that thread is on.
+    pool = new BufferPool(
+        [device](void* p) {
+          int current = -1;
+          cudaGetDevice(&current);
+          cudaSetDevice(device);
+          cudaFree(p);
+          if (current >= 0 && current != device) cudaSetDevice(current);
+        },
+        d.cap);
+  }
   return *pool;
 }
 
+// Freeing runs outside DevicePools::mutex: cudaFree waits for the whole device, and every new
+// block on every GPU takes that mutex. Pools are never destroyed, so the pointers stay valid.
 void cuda_set_pool_bytes(size_t bytes) {
   DevicePools& d = device_pools();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  d.cap = bytes;
-  for (auto& [device, pool] : d.pools) pool->set_cap(bytes);
+  std::vector<BufferPool*> pools;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.cap = bytes;
+    for (auto& [device, pool] : d.pools) pools.push_back(pool);
+  }
+  for (BufferPool* pool : pools) pool->set_cap(bytes);
 }
 
 bool drain_device_block_pool(int device) {
   DevicePools& d = device_pools();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  const auto it = d.pools.find(device);
-  if (it == d.pools.end() || it->second->held() == 0) return false;
-  it->second->drain();
+  BufferPool* pool = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    const auto it = d.pools.find(device);
+    if (it != d.pools.end()) pool = it->second;
+  }
+  if (!pool || pool->held() == 0) return false;
+  pool->drain();
   return true;
 }
 
@@ -429,8 +466,8 @@ std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBloc
   const size_t n = b->elements(), bytes = n * sizeof(float);
   auto out = same_header(*b);
   if (b->device) {  // on another GPU
-    CopyStream s(device);
     auto d = std::make_shared<DeviceKV>(device, n);
+    CopyStream s(device);
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->k.get(), device, b->device->k.get(), b->device->device, bytes, s.get()));
     DKI_CUDA_CHECK(cudaMemcpyPeerAsync(d->v.get(), device, b->device->v.get(), b->device->device, bytes, s.get()));
     s.wait();
@@ -467,8 +504,8 @@ std::shared_ptr<const KVBlock> cuda_block_to_host(std::shared_ptr<const KVBlock>
 namespace dki {
 
 std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha) {
-  CopyStream s(b.device->device);
   auto out = device_like(b, b.n_tokens);
+  CopyStream s(b.device->device);
   out->tokens = b.tokens;
   const size_t bytes = b.elements() * sizeof(float);
   DKI_CUDA_CHECK(cudaMemcpyAsync(out->device->k.get(), b.device->k.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
@@ -479,8 +516,8 @@ std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha) 
 }
 
 std::shared_ptr<const KVBlock> cuda_remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {
-  CopyStream s(b.device->device);
   auto out = device_like(b, b.n_tokens);
+  CopyStream s(b.device->device);
   out->tokens = b.tokens;
   out->start_pos = new_start;
   copy_tokens(b, 0, b.n_tokens, *out, 0, s.get());
@@ -490,8 +527,8 @@ std::shared_ptr<const KVBlock> cuda_remap_positions(const KVBlock& b, int new_st
 }
 
 std::shared_ptr<const KVBlock> cuda_slice_block(const KVBlock& b, int from, int to) {
-  CopyStream s(b.device->device);
   auto out = device_like(b, to - from);
+  CopyStream s(b.device->device);
   out->start_pos = b.start_pos + from;
   out->tokens.assign(b.tokens.begin() + from, b.tokens.begin() + to);
   copy_tokens(b, from, to - from, *out, 0, s.get());
@@ -505,8 +542,8 @@ std::shared_ptr<const KVBlock> cuda_concat_blocks(const std::vector<std::shared_
   for (const auto& b : blocks)
     if (!b->device || b->device->device != first.device->device)
       throw Error("concat: blocks must all be in host memory or all on the same GPU");
-  CopyStream s(first.device->device);
   auto out = device_like(first, total);
+  CopyStream s(first.device->device);
   int at = 0;
   for (const auto& b : blocks) {
     const int want = first.start_pos + at;

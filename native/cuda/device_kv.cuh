@@ -21,6 +21,7 @@ struct DeviceKV {
   DeviceBuffer k, v;
 
   DeviceKV(int dev, size_t n) : device(dev), elements(n) {
+    DKI_CUDA_CHECK(cudaSetDevice(dev));  // cudaMalloc allocates on the current device
     k.allocate_pooled(n * sizeof(float), "a K/V block's keys", device_block_pool(dev));
     v.allocate_pooled(n * sizeof(float), "a K/V block's values", device_block_pool(dev));
   }
