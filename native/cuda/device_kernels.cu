@@ -5,6 +5,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -788,12 +791,30 @@ void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
   DKI_CUDA_LAUNCHED();
 }
 
+// The tiled kernel's shared memory limit on the current device, raised once per device to what
+// the largest head size needs or the device allows (sm_86/89 allow 99 KiB per block: not enough
+// for hd 112 and 128, which then take the flash-tiled kernel).
+namespace {
+size_t tiled_smem_limit() {
+  static std::mutex mutex;
+  static auto* limits = new std::map<int, size_t>;  // never destroyed: launches may outlive statics
+  int device = 0;
+  DKI_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = limits->find(device);
+  if (it != limits->end()) return it->second;
+  int optin = 0;
+  DKI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t limit = std::min(size_t(optin), tiled_smem_bytes(kTileMaxHeadDim));
+  DKI_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit)));
+  return (*limits)[device] = limit;
+}
+}  // namespace
+
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
-  if (a.splits <= 1 && a.tiled && a.hd <= kTileMaxHeadDim && a.hd % 4 == 0) {
-    const size_t smem = tiled_smem_bytes(a.hd);
-    DKI_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attention_tiled_kernel<<<dim3((a.T + kTileQ - 1) / kTileQ, a.H), kTileThreads, smem, s>>>(a);
+  if (a.splits <= 1 && a.tiled && a.hd <= kTileMaxHeadDim && a.hd % 4 == 0 && tiled_smem_bytes(a.hd) <= tiled_smem_limit()) {
+    attention_tiled_kernel<<<dim3((a.T + kTileQ - 1) / kTileQ, a.H), kTileThreads, tiled_smem_bytes(a.hd), s>>>(a);
     DKI_CUDA_LAUNCHED();
     return;
   }

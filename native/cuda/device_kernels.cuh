@@ -96,8 +96,8 @@ struct AttentionArgs {
   // the split only H blocks would stream the whole cache.
   int splits = 1;
   float* partial = nullptr;
-  // Prefill (splits 1) through the register-tiled kernel (head sizes up to 128, multiples of 4;
-  // others take the flash-tiled one). Chosen per context by DKI_CUDA_ATTENTION=tiled; not the
+  // Prefill (splits 1) through the register-tiled kernel (head sizes up to 128, multiples of 4,
+  // within the device's shared memory per block; others take the flash-tiled one). Chosen per context by DKI_CUDA_ATTENTION=tiled; not the
   // default until it has run on a GPU (it has not yet).
   bool tiled = false;
 };
