@@ -48,6 +48,7 @@ const notes = [];
 const copy = smoke ? null : transformers(["--copy-bandwidth"], notes);
 const copyGBs = copy?.copy_gb_s ?? null;
 const rows = [];
+const stageRows = [];  // the decode step's stages (DKI_CUDA_PROFILE=1), model by model
 
 /** Writes the rows so far: a run cut short (the 8B shape is long) keeps the models it finished. */
 function save() {
@@ -62,6 +63,42 @@ function save() {
       ...notes,
     ],
   });
+  if (stageRows.length)
+    writeResults(smoke ? "gpu-decode-stages-smoke" : "gpu-decode-stages", {
+      machine: { ...machine(native()), gpu: cuda.names[0] },
+      columns: Object.keys(stageRows[0]),
+      rows: stageRows,
+      notes: [
+        `Where a decode step's GPU time goes: contexts made with DKI_CUDA_PROFILE=1 record an event after each stage of every one-token step (event nodes in the CUDA graph), over ${DECODE} steps after a 16-token prompt.`,
+        "GB/s: the weight bytes the stage reads per step over its time; copy bandwidth is the bound. The events cost time of their own: \"whole step\" compares the profiled step with the unprofiled one of gpu-cuda.",
+      ],
+    });
+}
+
+/** The stage profile of DECODE one-token steps of `model` (null where there is none: the CPU). */
+async function decodeStages(model, preset, decode, plainStepUs) {
+  process.env.DKI_CUDA_PROFILE = "1";
+  const profiled = model.createContext(DECODE + 32);
+  delete process.env.DKI_CUDA_PROFILE;
+  try {
+    await decode(profiled)();
+    const p = profiled.cudaProfile();
+    if (!p) return;
+    const stepUs = (ms) => (1000 * ms) / p.steps;
+    const total = p.stages.reduce((n, s) => n + s.ms, 0);
+    for (const s of p.stages)
+      stageRows.push({
+        model: `llama ${preset}`,
+        stage: s.stage,
+        "µs per step": stepUs(s.ms),
+        share: `${((100 * s.ms) / total).toFixed(1)}%`,
+        "MB per step": s.bytes / 1e6,
+        "GB/s": s.bytes ? s.bytes / 1e3 / stepUs(s.ms) : null,
+      });
+    stageRows.push({ model: `llama ${preset}`, stage: "whole step", "µs per step": stepUs(total), share: `unprofiled (1 / decode tok/s): ${plainStepUs.toFixed(1)} µs`, "MB per step": p.stages.reduce((n, s) => n + s.bytes, 0) / 1e6, "GB/s": null });
+  } finally {
+    profiled.dispose();
+  }
 }
 
 for (const preset of presets) {
@@ -121,6 +158,7 @@ for (const preset of presets) {
   const bytesPerToken = model.info.deviceBytes - embedBytes;
   const decodeTokS = (DECODE * 1000) / ms[`decode ${DECODE}`];
   const boundTokS = copyGBs ? (copyGBs * 1e9) / bytesPerToken : null;
+  await decodeStages(model, preset, decode, (1000 * ms[`decode ${DECODE}`]) / DECODE);
   const row = {
     model: `llama ${preset}`,
     params: `${(model.info.paramCount / 1e9).toFixed(2)}B`,

@@ -579,6 +579,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                                        InstanceMethod("dispose", &ContextWrap::Dispose),
                                        InstanceMethod("setAttentionProbe", &ContextWrap::SetAttentionProbe),
                                        InstanceMethod("attentionEntropy", &ContextWrap::AttentionEntropy),
+                                       InstanceMethod("cudaProfile", &ContextWrap::CudaProfile),
                                        InstanceAccessor("nPast", &ContextWrap::NPast, nullptr),
                                        InstanceAccessor("maxTokens", &ContextWrap::MaxTokens, nullptr),
                                        InstanceAccessor("posBase", &ContextWrap::PosBase, nullptr),
@@ -760,6 +761,25 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Napi::Float32Array a = Napi::Float32Array::New(info.Env(), e.size());
     std::copy(e.begin(), e.end(), a.Data());
     return a;
+  }
+
+  // { steps, stages: [{ stage, ms, bytes }] } of a GPU context made with DKI_CUDA_PROFILE=1, else null.
+  Napi::Value CudaProfile(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const StageProfile p = ctx(env).stage_profile();
+    if (!p.on) return env.Null();
+    Napi::Array stages = Napi::Array::New(env, p.stages.size());
+    for (size_t i = 0; i < p.stages.size(); i++) {
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("stage", p.stages[i].stage);
+      o.Set("ms", p.stages[i].ms);
+      o.Set("bytes", double(p.stages[i].bytes));
+      stages.Set(uint32_t(i), o);
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("steps", p.steps);
+    out.Set("stages", stages);
+    return out;
   }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {

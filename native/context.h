@@ -2,6 +2,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kv_block.h"
@@ -12,6 +13,19 @@ namespace dki {
 class CudaForward;  // cuda/cuda_backend.h
 
 enum class LogitsMode { None = 0, Last = 1, All = 2 };
+
+// Where a GPU context's one-token steps (decode) spend their time, stage by stage: filled when the
+// context was made with DKI_CUDA_PROFILE=1 (cuda/device_forward.cu).
+struct StageTime {
+  std::string stage;
+  double ms = 0;       // GPU time, summed over the profile's steps
+  uint64_t bytes = 0;  // weight bytes the stage reads per step
+};
+struct StageProfile {
+  bool on = false;
+  int steps = 0;
+  std::vector<StageTime> stages;  // in the order a step runs them
+};
 
 class Context {
  public:
@@ -41,6 +55,9 @@ class Context {
   // last token of every eval: a model-uncertainty signal for gating.
   void set_attention_probe(int layer);
   const std::vector<float>& attention_entropy() const { return probe_entropy_; }
+
+  // The stage profile of a GPU context made with DKI_CUDA_PROFILE=1 (on is false otherwise).
+  StageProfile stage_profile() const;
 
   // Asks a running eval to stop at the next chunk boundary (it then throws "cancelled").
   void cancel() { cancel_.store(true); }

@@ -136,6 +136,13 @@ void Context::set_segments(std::vector<Segment> segments) {
   segments_ = std::move(segments);
 }
 
+StageProfile Context::stage_profile() const {
+#ifdef DKI_CUDA
+  if (cuda_) return cuda_->profile();
+#endif
+  return {};
+}
+
 void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<float>& logits) {
   const ModelConfig& c = model_->config();
   if (n <= 0) throw Error("eval needs at least one token");

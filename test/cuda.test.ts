@@ -226,6 +226,36 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       addon.setKVPoolBytes(256 << 20);
     });
 
+    test("DKI_CUDA_PROFILE=1: a context times each stage of its one-token steps (graph replays included) and counts the weights each reads", async () => {
+      process.env.DKI_CUDA_PROFILE = "1";
+      const ctx = m.createContext(64);
+      delete process.env.DKI_CUDA_PROFILE;
+      try {
+        await ctx.eval(Int32Array.from(prompt), 1); // prefill: not profiled
+        for (let i = 0; i < 6; i++) await ctx.eval(Int32Array.of(100 + i), 1);
+        const p = ctx.cudaProfile()!;
+        expect(p.steps).toBe(6);
+        expect(p.stages.map((s) => s.stage)).toEqual([
+          "embedding", "norm + q/k/v", "rotary + cache store", "attention", "output projection", "norm + gate/up + SiLU", "down projection", "norm + LM head",
+        ]);
+        for (const s of p.stages) expect(s.ms, s.stage).toBeGreaterThan(0);
+        // f32 weights: 4 bytes each, every layer's matrices once per step.
+        const { config: c } = m;
+        const hd = c.headDim, layers = c.numLayers, D = c.hiddenSize, F = c.intermediateSize;
+        const bytes = Object.fromEntries(p.stages.map((s) => [s.stage, s.bytes]));
+        expect(bytes["norm + q/k/v"]).toBe(4 * layers * D * (c.numHeads + 2 * c.numKvHeads) * hd);
+        expect(bytes["norm + gate/up + SiLU"]).toBe(4 * layers * 2 * F * D);
+        expect(bytes["down projection"]).toBe(4 * layers * F * D);
+        expect(bytes["norm + LM head"]).toBe(4 * c.vocabSize * D);
+        expect(bytes["attention"]).toBe(0);
+      } finally {
+        ctx.dispose();
+      }
+      const plain = m.createContext(8);
+      expect(plain.cudaProfile()).toBeNull();
+      plain.dispose();
+    });
+
     test("a bad DKI_CUDA_ATTENTION is an error naming it when a context is made", () => {
       process.env.DKI_CUDA_ATTENTION = "flash";
       try {

@@ -86,6 +86,18 @@ describe("K/V block residence on a CPU model", () => {
     h.dispose();
   });
 
+  test("a CPU context has no CUDA stage profile, even with DKI_CUDA_PROFILE=1", async () => {
+    process.env.DKI_CUDA_PROFILE = "1";
+    const ctx = m.createContext(8);
+    try {
+      await ctx.eval(Int32Array.of(5, 9), 1);
+      expect(ctx.cudaProfile()).toBeNull();
+    } finally {
+      ctx.dispose();
+      delete process.env.DKI_CUDA_PROFILE;
+    }
+  });
+
   test("asking for a GPU copy is an error that says why", async () => {
     const b = await m.computeBlock([5, 9, 14, 2]);
     await expect(b.toDevice()).rejects.toThrow(/toDevice: the model runs on the CPU/);

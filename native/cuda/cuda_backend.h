@@ -14,6 +14,7 @@ namespace dki {
 
 class Model;
 struct ModelConfig;
+struct StageProfile;
 
 // Devices the CUDA runtime sees; 0 with the reason in *why when there is none or no driver.
 int cuda_device_count(std::string* why);
@@ -77,6 +78,9 @@ class CudaForward {
   // null it receives each query head's attention entropy at the chunk's last token in layer
   // probe_layer.
   void eval_chunk(const int32_t* tokens, int T, int n_past, int pos0, int rows, float* logits, int probe_layer, float* probe);
+
+  // With DKI_CUDA_PROFILE=1 at creation, each stage's GPU time over the one-token steps so far.
+  StageProfile profile() const;
 
   // Copies cached tokens [from, to) into k and v, laid out as a KVBlock ([layer][kv_head][token][hd]).
   void export_kv(int from, int to, float* k, float* v) const;

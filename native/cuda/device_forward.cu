@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <tuple>
 
 #include "context.h"
@@ -22,6 +23,10 @@
 #include "cuda/device_weights.cuh"
 
 namespace dki {
+
+namespace {
+uint64_t bytes_of(const DeviceMatrix& m) { return dtype_bytes(m.dtype, uint64_t(m.rows) * m.cols); }
+}  // namespace
 
 struct CudaForward::Impl {
   std::shared_ptr<const CudaWeights> w;
@@ -63,9 +68,22 @@ struct CudaForward::Impl {
   using GraphKey = std::tuple<int, int, int, const void*, const void*, int, const void*>;
   GraphKey graph_key{};
 
+  // DKI_CUDA_PROFILE=1 at creation: events between the stages of every one-token step (event
+  // nodes in its graph) time each stage on the GPU; profile() sums them over the steps. The
+  // events cost some time of their own: compare the total with an unprofiled run.
+  struct Profile {
+    bool on = false;
+    bool marking = false;             // the record() under way marks its stages
+    std::vector<cudaEvent_t> events;  // events[0] opens a step, events[i] closes its i-th stage
+    std::vector<int> stage_of;        // stage of events[i + 1], as the last record() laid them out
+    StageProfile sums;
+    mutable std::mutex mutex;         // profile() reads on the JS thread while a step may end
+  } prof;
+
   ~Impl() {
     if (!w) return;
     cudaSetDevice(w->device);
+    for (cudaEvent_t e : prof.events) cudaEventDestroy(e);
     if (graph) cudaGraphExecDestroy(graph);
     if (blas) cublas_api().destroy(blas);
     if (stream) cudaStreamDestroy(stream);
@@ -95,6 +113,12 @@ struct CudaForward::Impl {
 
   // Uploads `pending` into seg_k/seg_v/seg_bias/seg_vscale and sets S_seg.
   void upload_segments();
+
+  // Profiling: the step's opening event, then one after each stage (which streams `bytes` of weights).
+  void open_step(int T);
+  void mark(const char* stage, uint64_t bytes);
+  void record_event(size_t i);
+  void add_step();
 
   // Own tokens [from, to) of the cache into block-layout k and v (host or device memory).
   void copy_out(int from, int to, float* k, float* v, cudaMemcpyKind kind) const;
@@ -204,6 +228,8 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   if (attention && std::strcmp(attention, "warp") != 0 && std::strcmp(attention, "tiled") != 0)
     throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
   s.tiled_attention = attention && std::strcmp(attention, "tiled") == 0;
+  const char* profile = std::getenv("DKI_CUDA_PROFILE");
+  s.prof.on = s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   s.x.allocate(T * D * f, "activations");
   s.xn.allocate(T * D * f, "activations");
   s.q.allocate(T * qd * f, "queries");
@@ -304,7 +330,9 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
 
   float *x_ = x.get<float>(), *xn_ = xn.get<float>(), *q_ = q.get<float>(), *k_ = k.get<float>(), *v_ = v.get<float>();
   float *attn_ = attn.get<float>(), *gate_ = gate.get<float>(), *up_ = up.get<float>();
+  open_step(T);
   launch_embed(W.embed, tok, T, x_, st);
+  mark("embedding", dtype_bytes(W.embed.dtype, W.embed.cols));
 
   AttentionArgs a;
   a.q = q_;
@@ -323,6 +351,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     const CudaWeights::Layer& L = W.layers[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
     project_qkv(L, x_, xn_, T, q_, k_, v_);
+    mark("norm + q/k/v", bytes_of(L.wq) + bytes_of(L.wk) + bytes_of(L.wv));
     RopeStoreArgs r;
     r.q = q_, r.k = k_, r.v = v_;
     a.k_cache = r.k_cache = cache_layer(k_cache, l);
@@ -330,6 +359,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     r.cos = cos, r.sin = sin, r.n_past = n_past;
     r.T = T, r.H = c.n_heads, r.Hkv = c.n_kv_heads, r.hd = hd, r.max_tokens = max_tokens, r.interleaved = c.rope_interleaved;
     launch_rope_store(r, st);
+    mark("rotary + cache store", 0);
     if (S_seg) {
       const size_t seg_layer = size_t(l) * c.n_kv_heads * S_seg * hd;
       a.seg_k = seg_k.get<float>() + seg_layer;
@@ -337,18 +367,73 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
     }
     a.entropy = l == probe_layer && want_probe ? probe.get<float>() : nullptr;
     launch_attention(a, st);
+    mark("attention", 0);
     linear(L.wo, attn_, T, x_, /*accumulate=*/true);
+    mark("output projection", bytes_of(L.wo));
 
     // MLP block: x += W_down · (silu(W_gate·xn) ⊙ W_up·xn)
     mlp_hidden(L, x_, xn_, T, gate_, up_);
+    mark("norm + gate/up + SiLU", bytes_of(L.w_gate) + bytes_of(L.w_up));
     linear(L.w_down, gate_, T, x_, /*accumulate=*/true);
+    mark("down projection", bytes_of(L.w_down));
   }
 
   if (rows > 0) {
     const int first = T - rows;
     launch_rmsnorm(x_ + size_t(first) * D, W.final_norm, c.rms_norm_eps, rows, D, xn_, st);
     linear(W.lm_head, xn_, rows, logits.get<float>());
+    mark("norm + LM head", bytes_of(W.lm_head));
   }
+  prof.marking = false;
+}
+
+void CudaForward::Impl::open_step(int T) {
+  prof.marking = prof.on && T == 1;
+  if (!prof.marking) return;
+  std::lock_guard<std::mutex> lock(prof.mutex);
+  prof.stage_of.clear();
+  for (StageTime& t : prof.sums.stages) t.bytes = 0;
+  record_event(0);
+}
+
+void CudaForward::Impl::mark(const char* stage, uint64_t bytes) {
+  if (!prof.marking) return;
+  std::lock_guard<std::mutex> lock(prof.mutex);
+  std::vector<StageTime>& stages = prof.sums.stages;
+  size_t i = 0;
+  while (i < stages.size() && stages[i].stage != stage) i++;
+  if (i == stages.size()) stages.push_back({stage, 0, 0});
+  stages[i].bytes += bytes;
+  prof.stage_of.push_back(int(i));
+  record_event(prof.stage_of.size());
+}
+
+void CudaForward::Impl::record_event(size_t i) {
+  while (prof.events.size() <= i) {
+    cudaEvent_t e = nullptr;
+    DKI_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    prof.events.push_back(e);
+  }
+  // In a graph capture, an event node that records the event each time the graph runs.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DKI_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  DKI_CUDA_CHECK(cudaEventRecordWithFlags(prof.events[i], stream, capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault));
+}
+
+// After a one-token step has finished: adds its stages' times.
+void CudaForward::Impl::add_step() {
+  std::lock_guard<std::mutex> lock(prof.mutex);
+  for (size_t i = 0; i < prof.stage_of.size(); i++) {
+    float ms = 0;
+    DKI_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.events[i], prof.events[i + 1]));
+    prof.sums.stages[prof.stage_of[i]].ms += ms;
+  }
+  prof.sums.steps++;
+}
+
+StageProfile CudaForward::profile() const {
+  std::lock_guard<std::mutex> lock(impl_->prof.mutex);
+  return impl_->prof.sums;
 }
 
 cudaGraphExec_t CudaForward::Impl::capture(int T, int rows, int probe_layer, bool want_probe) {
@@ -416,6 +501,7 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
   if (rows > 0) DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));
   if (want_probe) DKI_CUDA_CHECK(cudaMemcpyAsync(probe, s.probe.get(), size_t(c.n_heads) * sizeof(float), cudaMemcpyDeviceToHost, st));
   DKI_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (s.prof.on && T == 1) s.add_step();
 }
 
 // Rows (layer, kv_head) of the cache are max_tokens·hd floats apart; a block's are n·hd.

@@ -80,6 +80,20 @@ export interface NativeSegment {
 export const LogitsMode = { None: 0, Last: 1, All: 2 } as const;
 export type LogitsMode = (typeof LogitsMode)[keyof typeof LogitsMode];
 
+/** One stage of a decode step (e.g. "norm + q/k/v", "attention"), summed over `steps` steps. */
+export interface NativeStageTime {
+  stage: string;
+  /** GPU time, summed over the profile's steps. */
+  ms: number;
+  /** Weight bytes the stage reads per step (0 for stages that read none). */
+  bytes: number;
+}
+
+export interface NativeStageProfile {
+  steps: number;
+  stages: NativeStageTime[];
+}
+
 export interface NativeContextHandle {
   /** With `out` (exactly the logits' size) the logits are written there and `out` is returned: no allocation per step. */
   eval(tokens: Int32Array, mode: LogitsMode, out?: Float32Array): Promise<Float32Array | null>;
@@ -91,6 +105,8 @@ export interface NativeContextHandle {
   exportBlock(from: number, to: number, onDevice?: boolean): NativeKVBlockHandle;
   setAttentionProbe(layer: number): void;
   attentionEntropy(): Float32Array;
+  /** Where the one-token steps of a GPU context made with DKI_CUDA_PROFILE=1 spend their time; null otherwise. */
+  cudaProfile(): NativeStageProfile | null;
   dispose(): void;
   readonly nPast: number;
   readonly maxTokens: number;
