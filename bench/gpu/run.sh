@@ -2,7 +2,12 @@
 # The GPU recipe (issues #9 and #6): on a CUDA host, builds the CUDA addon, runs the GPU tests,
 # the GPU benchmark and the tiered cache's benchmark with L1 in GPU memory. Run from anywhere inside the checkout:
 #
-#   bench/gpu/run.sh [--quick]        (--quick: no llama-8b in the benchmark, cache up to 512 tokens)
+#   bench/gpu/run.sh [--quick] [--only build|tests|bench|cache]...
+#
+# --quick: no llama-8b in the benchmark, cache up to 512 tokens. --only (repeatable) runs those
+# steps alone (the build always runs, incrementally), so a run can be split across calls of a
+# limited length. With OUT set (the device tool's output folder), bench/results and a log of
+# each step are copied there on exit, even after a failure or a timeout's TERM.
 #
 # Needs: Node >= 20, the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.18, node_modules (`npm ci`, or
 # unpacked from bench/gpu/pack-for-device.sh on a host without network), and python3 with torch +
@@ -13,6 +18,25 @@
 # DKI_CMAKE_ARGS adds CMake arguments (e.g. -DCUDA_cublas_LIBRARY=... for a cuBLAS outside the toolkit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+quick=()
+only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=(--quick) ;;
+    --only) only="$only ${2:?--only needs a step}"; shift ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+step() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
+
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT/logs"
+  trap 'cp -r bench/results "$OUT"/ 2>/dev/null || true' EXIT
+  trap 'exit 143' TERM
+  exec > >(tee "$OUT/logs/run.log") 2>&1
+fi
 
 node_prefix="$(dirname "$(dirname "$(readlink -f "$(command -v node)")")")"
 inc="${NODE_INCLUDE:-}"
@@ -31,7 +55,7 @@ node -e "import('./dist/src/engine/native.js').then(({ native }) => { const c = 
 # A failing test does not stop the benchmarks (a GPU lease is short: get every number it can
 # give); the script still exits with the tests' status.
 tests=0
-node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?
-node bench/gpu.js "$@"
-node bench/cache.js --device cuda "$@"
+if step tests; then node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?; fi
+if step bench; then node bench/gpu.js ${quick[@]+"${quick[@]}"}; fi
+if step cache; then node bench/cache.js --device cuda ${quick[@]+"${quick[@]}"}; fi
 exit "$tests"
