@@ -4,15 +4,9 @@ import { existsSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import type { ModelShape } from "../formats/hf-config.js";
 
-export interface NativeConfig {
-  vocabSize: number;
-  hiddenSize: number;
-  intermediateSize: number;
-  numLayers: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
+export interface NativeConfig extends ModelShape {
   rmsNormEps: number;
   ropeTheta: number;
   tieWordEmbeddings: boolean;

@@ -13,8 +13,8 @@ export interface Llama3RopeScaling {
   originalMaxPositionEmbeddings: number;
 }
 
-export interface ModelConfig {
-  arch: Arch;
+/** A decoder's shape: what sizes its tensors, whatever the format or backend. */
+export interface ModelShape {
   vocabSize: number;
   hiddenSize: number;
   intermediateSize: number;
@@ -22,6 +22,10 @@ export interface ModelConfig {
   numHeads: number;
   numKvHeads: number;
   headDim: number;
+}
+
+export interface ModelConfig extends ModelShape {
+  arch: Arch;
   rmsNormEps: number;
   ropeTheta: number;
   ropeScaling: Llama3RopeScaling | null;

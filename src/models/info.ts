@@ -2,7 +2,7 @@
 // the safetensors / GGUF headers only (no weights are loaded).
 import { readdir, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
-import type { Arch, Llama3RopeScaling } from "../formats/hf-config.js";
+import type { Arch, Llama3RopeScaling, ModelConfig } from "../formats/hf-config.js";
 import { readHfFolder } from "../formats/hf-folder.js";
 import { readGgufModel } from "../formats/gguf-model.js";
 
@@ -40,6 +40,20 @@ export interface ModelInfo {
   hasTokenizer: boolean;
 }
 
+/** The fields of ModelInfo that the config alone gives, alike for both formats. */
+function fromConfig(c: ModelConfig): Pick<ModelInfo, "arch" | "shapes" | "tied" | "bias" | "ropeTheta" | "ropeScaling" | "maxPositionEmbeddings" | "rmsNormEps"> {
+  return {
+    arch: c.arch,
+    shapes: { layers: c.numLayers, hidden: c.hiddenSize, heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim, intermediate: c.intermediateSize, vocab: c.vocabSize },
+    tied: c.tieWordEmbeddings,
+    bias: c.attentionBias,
+    ropeTheta: c.ropeTheta,
+    ropeScaling: c.ropeScaling,
+    maxPositionEmbeddings: c.maxPositionEmbeddings,
+    rmsNormEps: c.rmsNormEps,
+  };
+}
+
 /** What a GGUF file holds, from its header only. Tensor types the engine cannot run are listed too. */
 async function ggufInfo(path: string): Promise<ModelInfo> {
   const g = await readGgufModel(path, { allowAnyType: true });
@@ -55,19 +69,12 @@ async function ggufInfo(path: string): Promise<ModelInfo> {
   return {
     path,
     format: "gguf",
-    arch: c.arch,
+    ...fromConfig(c),
     architectures: name ? [name] : [],
-    shapes: { layers: c.numLayers, hidden: c.hiddenSize, heads: c.numHeads, kvHeads: c.numKvHeads, headDim: c.headDim, intermediate: c.intermediateSize, vocab: c.vocabSize },
     dtypes: [...perDtype].sort((a, b) => b[1] - a[1]).map(([d]) => d),
     parameterCount,
     bytes: g.gguf.size,
     files: [{ name: basename(path), bytes: g.gguf.size }],
-    tied: c.tieWordEmbeddings,
-    bias: c.attentionBias,
-    ropeTheta: c.ropeTheta,
-    ropeScaling: c.ropeScaling,
-    maxPositionEmbeddings: c.maxPositionEmbeddings,
-    rmsNormEps: c.rmsNormEps,
     hasTokenizer: g.metadata.has("tokenizer.ggml.tokens"),
   };
 }
@@ -92,27 +99,12 @@ export async function modelInfo(path: string): Promise<ModelInfo> {
   return {
     path,
     format: "hf",
-    arch: c.arch,
+    ...fromConfig(c),
     architectures: Array.isArray(archs) ? archs.filter((a): a is string => typeof a === "string") : [],
-    shapes: {
-      layers: c.numLayers,
-      hidden: c.hiddenSize,
-      heads: c.numHeads,
-      kvHeads: c.numKvHeads,
-      headDim: c.headDim,
-      intermediate: c.intermediateSize,
-      vocab: c.vocabSize,
-    },
     dtypes: [...perDtype].sort((a, b) => b[1] - a[1]).map(([d]) => d),
     parameterCount,
     bytes: files.filter((f) => weightFiles.has(f.name)).reduce((a, f) => a + f.bytes, 0),
     files,
-    tied: c.tieWordEmbeddings,
-    bias: c.attentionBias,
-    ropeTheta: c.ropeTheta,
-    ropeScaling: c.ropeScaling,
-    maxPositionEmbeddings: c.maxPositionEmbeddings,
-    rmsNormEps: c.rmsNormEps,
     hasTokenizer: files.some((f) => f.name === "tokenizer.json"),
   };
 }

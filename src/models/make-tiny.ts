@@ -6,7 +6,7 @@ import { endianness } from "node:os";
 import { join } from "node:path";
 import { packageRoot } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
-import { expectedTensors, parseHfConfig, type ModelConfig } from "../formats/hf-config.js";
+import { expectedTensors, parseHfConfig, type ModelConfig, type ModelShape } from "../formats/hf-config.js";
 import type { WeightDType } from "../formats/safetensors.js";
 import { f32ToBf16Bits, f32ToF16Bits } from "./half.js";
 
@@ -19,14 +19,7 @@ export const TINY_PRESETS: readonly TinyPreset[] = ["tiny", "smollm2-135m", "lla
 export const TINY_DTYPES: readonly TinyDType[] = ["f32", "f16", "bf16"];
 
 /** The fields a test may change to get a variant of a preset (GQA ratios, tying, biases, sizes). */
-export interface ShapeOverrides {
-  vocabSize?: number;
-  hiddenSize?: number;
-  intermediateSize?: number;
-  numLayers?: number;
-  numHeads?: number;
-  numKvHeads?: number;
-  headDim?: number;
+export interface ShapeOverrides extends Partial<ModelShape> {
   tieWordEmbeddings?: boolean;
   /** q/k/v biases. Qwen2 always has them, so `false` is refused for arch qwen2. */
   attentionBias?: boolean;
@@ -35,14 +28,7 @@ export interface ShapeOverrides {
   maxPositionEmbeddings?: number;
 }
 
-export interface PresetShape {
-  vocabSize: number;
-  hiddenSize: number;
-  intermediateSize: number;
-  numLayers: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
+export interface PresetShape extends ModelShape {
   tieWordEmbeddings: boolean;
   ropeTheta: number;
   rmsNormEps: number;
