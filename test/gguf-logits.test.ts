@@ -12,6 +12,7 @@ import { writeSafetensors, type TensorToWrite } from "../src/formats/safetensors
 import { convertHfToGguf, permutedSourceRow } from "../src/models/convert.js";
 import { f16BitsToF32 } from "../src/models/half.js";
 import { makeTinyModel, type TinyArch } from "../src/models/make-tiny.js";
+import { llamaTinyRefs } from "./support/llama-tiny-refs.js";
 import { hfLlamaTiny, maxAbsDiff, tempDir } from "./support/paths.js";
 
 const POSITIONS = 256;
@@ -228,7 +229,7 @@ test("llama with Llama 3 rope scaling: GGUF F32 logits within 1e-3 of the HF fol
 });
 
 describe("llama GGUF vs transformers (committed fixture)", () => {
-  const refs = JSON.parse(readFileSync(join(hfLlamaTiny, "refs.json"), "utf8")) as { prompt_ids: number[]; none: number[][] };
+  const refs = llamaTinyRefs;
 
   afterAll(() => native().setSimd("auto"));
 

@@ -1,27 +1,13 @@
 // Parity with Hugging Face transformers on the committed fixture (test/fixtures/hf/README.md):
 // a random-weight LlamaForCausalLM saved by transformers, and the logits transformers computed
 // for plain, full-text and injected runs. Checked on every SIMD path this CPU can run.
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { LogitsMode, native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
+import { llamaTinyRefs } from "./support/llama-tiny-refs.js";
 import { hfLlamaTiny, maxAbsDiff } from "./support/paths.js";
 
-interface Refs {
-  mem_ids: number[];
-  prompt_ids: number[];
-  full: number[][];
-  none: number[][];
-  inject_a1: number[][];
-  inject_v05: number[][];
-  inject_neg: number[][];
-  logit_a05: number[][];
-  greedy_mem: number[];
-  greedy_none: number[];
-}
-
-const refs = JSON.parse(readFileSync(join(hfLlamaTiny, "refs.json"), "utf8")) as Refs;
+const refs = llamaTinyRefs;
 const V = 512;
 const M = refs.mem_ids.length;
 let model: NativeModelHandle;

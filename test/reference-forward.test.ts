@@ -7,20 +7,10 @@ import { beforeAll, describe, expect, test } from "vitest";
 import type { ModelConfig } from "../src/formats/hf-config.js";
 import { readSafetensorsHeader, writeSafetensors, type TensorToWrite } from "../src/formats/safetensors.js";
 import { decodeBF16, decodeF16, loadRefWeights, refForward, ropeInvFreq, type RefSegment, type RefWeights } from "./reference/forward.js";
+import { llamaTinyRefs } from "./support/llama-tiny-refs.js";
 import { hfLlamaTiny, maxAbsDiff, tempDir } from "./support/paths.js";
 
-interface Refs {
-  mem_ids: number[];
-  prompt_ids: number[];
-  full: number[][];
-  none: number[][];
-  inject_a1: number[][];
-  inject_v05: number[][];
-  inject_neg: number[][];
-  logit_a05: number[][];
-}
-
-const refs = JSON.parse(readFileSync(join(hfLlamaTiny, "refs.json"), "utf8")) as Refs;
+const refs = llamaTinyRefs;
 const TOL = 1e-4;
 let w: RefWeights;
 
@@ -52,29 +42,19 @@ describe("reference forward vs transformers (llama-tiny)", () => {
     expect(diffs.full).toBeLessThan(TOL);
   });
 
-  test("inject_a1: memory K/V at 0..10 as a segment, prompt at 11..17", () => {
-    const got = refForward(w, refs.prompt_ids, { startPos: refs.mem_ids.length, segments: [segment(0, 1, "value")] }).logits;
-    diffs.inject_a1 = maxRowDiff(got, refs.inject_a1);
-    expect(diffs.inject_a1).toBeLessThan(TOL);
-  });
-
-  test("inject_neg: memory at -11..-1, prompt at 0..6", () => {
-    const got = refForward(w, refs.prompt_ids, { startPos: 0, segments: [segment(-refs.mem_ids.length, 1, "value")] }).logits;
-    diffs.inject_neg = maxRowDiff(got, refs.inject_neg);
-    expect(diffs.inject_neg).toBeLessThan(TOL);
-  });
-
-  test("inject_v05: memory values × 0.5, keys untouched", () => {
-    const got = refForward(w, refs.prompt_ids, { startPos: refs.mem_ids.length, segments: [segment(0, 0.5, "value")] }).logits;
-    diffs.inject_v05 = maxRowDiff(got, refs.inject_v05);
-    expect(diffs.inject_v05).toBeLessThan(TOL);
-  });
-
-  test("logit_a05: ln 0.5 added to the memory columns' scores", () => {
-    const got = refForward(w, refs.prompt_ids, { startPos: refs.mem_ids.length, segments: [segment(0, 0.5, "logit")] }).logits;
-    diffs.logit_a05 = maxRowDiff(got, refs.logit_a05);
-    expect(diffs.logit_a05).toBeLessThan(TOL);
-  });
+  const M = refs.mem_ids.length;
+  const injected = [
+    { name: "inject_a1", title: "memory K/V at 0..10 as a segment, prompt at 11..17", promptAt: M, memAt: 0, alpha: 1, scaling: "value" },
+    { name: "inject_neg", title: "memory at -11..-1, prompt at 0..6", promptAt: 0, memAt: -M, alpha: 1, scaling: "value" },
+    { name: "inject_v05", title: "memory values × 0.5, keys untouched", promptAt: M, memAt: 0, alpha: 0.5, scaling: "value" },
+    { name: "logit_a05", title: "ln 0.5 added to the memory columns' scores", promptAt: M, memAt: 0, alpha: 0.5, scaling: "logit" },
+  ] as const;
+  for (const { name, title, promptAt, memAt, alpha, scaling } of injected)
+    test(`${name}: ${title}`, () => {
+      const got = refForward(w, refs.prompt_ids, { startPos: promptAt, segments: [segment(memAt, alpha, scaling)] }).logits;
+      diffs[name] = maxRowDiff(got, refs[name]);
+      expect(diffs[name]).toBeLessThan(TOL);
+    });
 
   test("a segment equals the same tokens run in one sequence (K/V of the memory run included)", () => {
     const all = refForward(w, [...refs.mem_ids, ...refs.prompt_ids]);
