@@ -269,6 +269,13 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(stagedRestore("40").error).toMatch(/DKI_CUDA_STAGING_CHUNK must be a multiple of 16 bytes from 16 to 1 GiB, not "40"/);
     });
 
+    test("a GPU index the machine does not have is an error naming it", async () => {
+      const host = await m.computeBlock(memory);
+      await expect(host.nativeHandle().toDevice(97)).rejects.toThrow(/there is no GPU cuda:97 \(this machine has cuda:0\.\.cuda:\d+\)/);
+      await expect(native().deserializeBlock(m.nativeHandle(), await host.serialize("f16"), 97)).rejects.toThrow(/there is no GPU cuda:97/);
+      host.dispose();
+    });
+
     test("toDevice / toHost round trip is exact, and a device block names what needs the host", async () => {
       const host = await m.computeBlock(memory);
       const dev = await host.toDevice();

@@ -60,8 +60,11 @@ struct CudaForward::Impl {
 
   // Decode steps replay a graph captured for one set of launch arguments (GraphKey); another set
   // (new segments, another row count, the probe switched) captures again. DKI_CUDA_GRAPHS=0
-  // launches every kernel directly instead, as does a graph capture that failed once.
+  // launches every kernel directly instead. A failed capture launches that step directly and is
+  // tried again at the next step (another thread's cudaFree can spoil one); the third failure
+  // turns graphs off for the context.
   bool use_graphs = true;
+  int failed_captures = 0;
   // DKI_CUDA_ATTENTION=tiled at creation: prefill attention through the register-tiled kernel.
   bool tiled_attention = false;
   cudaGraphExec_t graph = nullptr;
@@ -108,7 +111,7 @@ struct CudaForward::Impl {
   // Enqueues the whole forward pass of a T-token chunk whose inputs are in `step`: no host
   // memory is touched, so the same calls can be captured into a graph.
   void record(int T, int rows, int probe_layer, bool probe);
-  // record() captured as an instantiated graph, or null (and use_graphs off) if that failed.
+  // record() captured as an instantiated graph, or null if that failed.
   cudaGraphExec_t capture(int T, int rows, int probe_layer, bool probe);
 
   // Uploads `pending` into seg_k/seg_v/seg_bias/seg_vscale and sets S_seg.
@@ -453,7 +456,7 @@ cudaGraphExec_t CudaForward::Impl::capture(int T, int rows, int probe_layer, boo
   if (g) cudaGraphDestroy(g);
   if (ok) return exec;
   cudaGetLastError();
-  use_graphs = false;
+  if (++failed_captures >= 3) use_graphs = false;
   return nullptr;
 }
 
@@ -495,7 +498,7 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
       s.graph_key = key;
     }
     if (s.graph) DKI_CUDA_CHECK(cudaGraphLaunch(s.graph, st));
-    else s.record(T, rows, probe_layer, want_probe);  // the capture failed: graphs are off from now on
+    else s.record(T, rows, probe_layer, want_probe);  // the capture failed
   }
 
   if (rows > 0) DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));

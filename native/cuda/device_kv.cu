@@ -23,6 +23,14 @@ namespace dki {
 
 namespace {
 
+// Refuses a device index the runtime does not have, with the GPUs it has.
+void check_device(int device) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (device < 0 || device >= n)
+    throw Error("there is no GPU cuda:" + std::to_string(device) + " (" + (n > 0 ? "this machine has cuda:0..cuda:" + std::to_string(n - 1) : why) + ")");
+}
+
 // A stream for one operation on device blocks. Declared after the blocks it writes: when an
 // enqueue throws, it is destroyed first and waits, so no copy or kernel still writes into a
 // block whose memory has gone back to the pool.
@@ -204,6 +212,7 @@ struct LockedLane {
     static std::mutex mutex;
     static auto* lanes = new std::map<int, StagingLane*>;  // never destroyed either
     std::lock_guard<std::mutex> lock(mutex);
+    if (lanes->find(device) == lanes->end()) check_device(device);
     StagingLane*& lane = (*lanes)[device];
     if (!lane) lane = new StagingLane(device);  // a throw leaves it null, to be tried again
     return *lane;
@@ -463,6 +472,7 @@ uint64_t device_kv_bytes(const DeviceKV& d) { return d.k.bytes() + d.v.bytes(); 
 
 std::shared_ptr<const KVBlock> cuda_block_to_device(std::shared_ptr<const KVBlock> b, int device) {
   if (b->device && b->device->device == device) return b;
+  check_device(device);
   const size_t n = b->elements(), bytes = n * sizeof(float);
   auto out = same_header(*b);
   if (b->device) {  // on another GPU
