@@ -2,7 +2,7 @@
 // come back from (promotion on hit), L3 persistence across restarts, isolation between users and
 // models, single flight, invalidation. Blocks of 8 tokens on the tiny model cost 4096 B in L1,
 // 2144 B in L2 (f16) and 1568 B in L3 (int8 file).
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import type { Model } from "../src/engine/model.js";
@@ -239,6 +239,22 @@ describe("single flight", () => {
   });
 });
 
+describe("failed L3 writes", () => {
+  test("are counted and say why in lastError; the entry is simply not in L3", async () => {
+    const dir = tempDir();
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    writeFileSync(join(dir, userHash("alice")), "not a folder"); // where alice's L3 folder would go
+    const hit = await cache.get(req(8));
+    await cache.flush();
+    const s = cache.stats();
+    expect(s.backgroundErrors).toBe(1);
+    expect(s.lastError).toMatch(/^L3 write of [0-9a-f]+: EEXIST/);
+    expect(s.L3.entries).toBe(0);
+    expect(cache.locate(hit.key)).toEqual(["L1"]);
+    await cache.close();
+  });
+});
+
 describe("invalidate and arguments", () => {
   test("invalidate removes a key from every tier, its file included, even while its write is pending", async () => {
     const dir = tempDir();
@@ -316,6 +332,54 @@ describe("release", () => {
     await cache.flush(); // the write-behind to L3 may still be reading it; freed when it is done
     expect(disposed(c.block)).toBe(true);
     await cache.close();
+  });
+
+  test("a block the cache made and a caller put() under a second key lives while that key holds it", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: big });
+    const alice = await cache.get(req(4, "alice"));
+    alice.release();
+    await cache.put(req(4, "bob"), alice.block); // the same memory for another user
+    await cache.flush(); // no write-behind holds it any more
+    await cache.invalidate(alice.key);
+    const bob = await cache.get(req(4, "bob"));
+    expect(bob.tier).toBe("L1");
+    expect(disposed(bob.block)).toBe(false);
+    expect((await model.generate({ tokens: [5, 6] }, { maxNewTokens: 2, segments: [{ kv: bob.block }] })).tokens).toHaveLength(2);
+    bob.release();
+    await cache.close();
+  });
+
+  test("put() refuses a disposed block; one disposed after put() (against the contract) is dropped when evicted, and the get that evicted it still succeeds", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: L1_BLOCK, l2Bytes: 1 << 20, l3Bytes: 1 << 20 } });
+    const gone = await model.computeBlock(req(5).tokens);
+    gone.dispose();
+    await expect(cache.put(req(5), gone)).rejects.toThrow(/put\(\): the block has been disposed/);
+    const mine = await model.computeBlock(req(6).tokens);
+    await cache.put(req(6), mine);
+    await cache.flush();
+    mine.dispose();
+    const hit = await cache.get(req(7)); // evicts req(6)'s dead block from L1
+    expect(hit.tier).toBe("L4");
+    expect(disposed(hit.block)).toBe(false);
+    await cache.flush();
+    expect(cache.stats().lastError).toMatch(/disposed/);
+    expect((await cache.get(req(6))).tier).toBe("L3"); // its write-behind had finished
+    await cache.close();
+  });
+
+  test("put() waits while the blocks on their way down from L1 take more than L1's budget", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: 2 * L1_BLOCK, l2Bytes: 1 << 20, l3Bytes: 1 << 20 } });
+    const blocks = [];
+    for (let i = 10; i < 22; i++) {
+      const b = await model.computeBlock(req(i).tokens);
+      blocks.push(b);
+      await cache.put(req(i), b);
+      const s = cache.stats().L1;
+      expect(s.bytes).toBeLessThanOrEqual(s.budgetBytes);
+      expect(s.leavingBytes).toBeLessThanOrEqual(s.budgetBytes);
+    }
+    await cache.close();
+    for (const b of blocks) b.dispose();
   });
 
   test("blocks given to put() are never freed by the cache", async () => {

@@ -23,7 +23,8 @@
 // done with a hit calls hit.release(): a block the cache made itself (restored or computed) is
 // then freed as soon as it has also left L1 and no background job or other hit holds it, and its
 // buffers go back to the engine's pool for the next restore. Blocks never released, and blocks
-// given to put(), are left to the garbage collector (blocks report their size to V8).
+// given to put(), are left to the garbage collector (blocks report their size to V8): the cache
+// keeps no reference to a block once it has left L1.
 //
 // Conversions (serialise, quantise, dequantise, host↔GPU copies) run on libuv worker threads and
 // file I/O is asynchronous, so the event loop is never blocked by cache work. With l1OnDevice,
@@ -107,6 +108,11 @@ export interface TierStats {
   entries: number;
   bytes: number;
   budgetBytes: number;
+  /**
+   * Bytes of entries on their way down from this tier (being encoded for the next one): no
+   * longer in `bytes`, still in memory. put() waits while this exceeds the budget.
+   */
+  leavingBytes: number;
   /** Gets this tier served. For L4: blocks computed. */
   hits: number;
   /** Gets that reached this tier and went on to the next. For L4: failed computes. */
@@ -160,8 +166,8 @@ export class TieredKVCache {
   private readonly jobs = new Set<Job>();
   /** Gets in progress: identical requests share one load (single flight). */
   private readonly inflight = new Map<string, Promise<Served>>();
-  /** Unreleased hits per block. */
-  private readonly leases = new Map<KVBlock, number>();
+  /** Unreleased hits per block (weak: a hit never released must not keep its block alive). */
+  private readonly leases = new WeakMap<KVBlock, number>();
   /** Background jobs reading a block (encoding it for L2, writing it to L3). */
   private readonly pins = new Map<KVBlock, number>();
   /** Blocks the cache made (restored or computed), the only ones it may free. */
@@ -271,7 +277,20 @@ export class TieredKVCache {
     usage.touch(now);
     const written = this.store(r, block, usage);
     if (!this.writeBehind) await written;
+    await this.leavingWithinBudgets();
     return r.key;
+  }
+
+  /**
+   * Waits while the blocks on their way down from L1 (or buffers from L2) take more memory than
+   * that tier's budget: they have left the tier's count but not memory, and a loop of put()s
+   * would otherwise pile them up faster than they are encoded.
+   */
+  private async leavingWithinBudgets(): Promise<void> {
+    while (bytesOf(this.leavingL1) > this.l1.budget || bytesOf(this.leavingL2) > this.l2.budget) {
+      if (this.jobs.size === 0) return;
+      await Promise.race([...this.jobs].map((j) => j.done));
+    }
   }
 
   /** Removes one entry from every tier (its L3 file is deleted before this resolves). */
@@ -285,7 +304,7 @@ export class TieredKVCache {
     this.leavingL1.delete(key);
     this.leavingL2.delete(key);
     this.writing.delete(key);
-    for (const [k, b] of dropped) this.freeIfUnused(b, k);
+    for (const [k, b] of dropped) this.freeIfUnused(b);
     await this.l3.remove(key);
   }
 
@@ -308,7 +327,7 @@ export class TieredKVCache {
     for (const m of [this.leavingL1, this.leavingL2, this.writing]) {
       for (const [k, v] of m) if (v.userHash === uh) m.delete(k);
     }
-    for (const [k, b] of dropped) this.freeIfUnused(b, k);
+    for (const [k, b] of dropped) this.freeIfUnused(b);
     await this.l3.removeUser(uh);
   }
 
@@ -325,25 +344,26 @@ export class TieredKVCache {
   }
 
   stats(): CacheStats {
-    const tier = (t: Tier, entries: number, bytes: number, budgetBytes: number): TierStats => ({
+    const tier = (t: Tier, entries: number, bytes: number, budgetBytes: number, leavingBytes = 0): TierStats => ({
       entries,
       bytes,
       budgetBytes,
+      leavingBytes,
       hits: this.hits[t],
       misses: this.misses[t],
       meanLoadMs: this.latency[t].mean,
       p95LoadMs: this.latency[t].p95,
     });
     return {
-      L1: tier("L1", this.l1.size, this.l1.bytes, this.l1.budget),
-      L2: tier("L2", this.l2.size, this.l2.bytes, this.l2.budget),
+      L1: tier("L1", this.l1.size, this.l1.bytes, this.l1.budget, bytesOf(this.leavingL1)),
+      L2: tier("L2", this.l2.size, this.l2.bytes, this.l2.budget, bytesOf(this.leavingL2)),
       L3: tier("L3", this.l3.size, this.l3.bytes, this.l3.budget),
       L4: tier("L4", 0, 0, 0),
       corruptDropped: this.corruptDropped,
       singleFlightJoins: this.singleFlightJoins,
       pending: this.jobs.size,
       backgroundErrors: this.backgroundErrors + this.l3.writeFailures,
-      lastError: this.lastError,
+      lastError: this.lastError ?? this.l3.lastWriteError,
     };
   }
 
@@ -366,7 +386,7 @@ export class TieredKVCache {
     for (const m of [this.l1, this.l2]) for (const e of [...m.values()]) m.remove(e.key);
     this.leavingL1.clear();
     this.leavingL2.clear();
-    for (const [k, b] of dropped) this.freeIfUnused(b, k);
+    for (const [k, b] of dropped) this.freeIfUnused(b);
   }
 
   // ---- loading
@@ -395,7 +415,7 @@ export class TieredKVCache {
       if (this.l3.isReady(r.key)) {
         const block = await this.readL3(r);
         if (block) {
-          this.l3.touch(r.key, now);
+          this.l3.touchFile(r.key);
           if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: L1Blocks.cost(block), usage, value: block });
           return this.served("L3", block, r.key, t0);
         }
@@ -439,8 +459,9 @@ export class TieredKVCache {
    */
   private async restore(r: Identified, bytes: Buffer): Promise<KVBlock | null> {
     const decode = (onDevice: boolean) => KVBlock.deserialize(this.model.nativeHandle(), bytes, { onDevice });
+    let block: KVBlock | null = null;
     try {
-      const block = await decode(this.l1OnDevice).catch(async (e: unknown) => {
+      block = await decode(this.l1OnDevice).catch(async (e: unknown) => {
         if (!this.l1OnDevice) throw e;
         const host = await decode(false); // throws again if the bytes are bad
         this.noteError(e); // they are not: the GPU could not take the block
@@ -449,6 +470,7 @@ export class TieredKVCache {
       this.checkBlock(block, r, (m) => new CorruptEntryError(m));
       return block;
     } catch (e) {
+      block?.dispose();
       this.noteCorrupt(e);
       return null;
     }
@@ -464,15 +486,18 @@ export class TieredKVCache {
         if (released) return;
         released = true;
         addCount(this.leases, s.block, -1);
-        this.freeIfUnused(s.block, s.key);
+        this.freeIfUnused(s.block);
       },
     };
   }
 
-  /** Frees a block the cache made once no hit, no job and neither L1 nor its way down holds it. */
-  private freeIfUnused(block: KVBlock, key: string): void {
+  /**
+   * Frees a block the cache made once no hit, no job and no entry of L1 or on its way down holds
+   * it (under any key: a caller may put() a block it got for another user).
+   */
+  private freeIfUnused(block: KVBlock): void {
     if (!this.made.has(block) || this.leases.has(block) || this.pins.has(block)) return;
-    if (this.l1.get(key)?.value === block || this.leavingL1.get(key)?.value === block) return;
+    for (const e of [...this.l1.values(), ...this.leavingL1.values()]) if (e.value === block) return;
     this.made.delete(block);
     block.dispose();
   }
@@ -484,7 +509,7 @@ export class TieredKVCache {
       return await fn();
     } finally {
       addCount(this.pins, block, -1);
-      this.freeIfUnused(block, key);
+      this.freeIfUnused(block);
     }
   }
 
@@ -529,11 +554,24 @@ export class TieredKVCache {
     for (const v of this.l1.insert(entry)) this.demoteFromL1(v);
   }
 
-  /** Converts an L1 victim to L2 form (or, if L2 cannot hold it, to L3 form). */
+  /**
+   * Converts an L1 victim to L2 form (or, if L2 cannot hold it, to L3 form). A victim that cannot
+   * even be costed (a block its owner disposed after put(), against the contract) is dropped and
+   * noted: the get or put that evicted it goes on.
+   */
   private demoteFromL1(e: Entry<KVBlock>): void {
+    try {
+      this.startDemotionFromL1(e);
+    } catch (err) {
+      this.leavingL1.delete(e.key);
+      this.noteError(err);
+    }
+  }
+
+  private startDemotionFromL1(e: Entry<KVBlock>): void {
     const toL2 = this.l2.fits(this.l2.cost(e.value));
     if (!toL2 && this.inL3Soon(e.key)) {
-      this.freeIfUnused(e.value, e.key); // nothing to keep below L1 but the L3 copy, which exists
+      this.freeIfUnused(e.value); // nothing to keep below L1 but the L3 copy, which exists
       return;
     }
     this.leavingL1.set(e.key, e);
@@ -570,7 +608,11 @@ export class TieredKVCache {
     this.background(e.key, e.userHash, async (job) => {
       try {
         const block = await this.l2.decode(this.model.nativeHandle(), e.value);
-        await this.writeL3(e, block, job, () => this.leavingL2.get(e.key) === e);
+        try {
+          await this.writeL3(e, block, job, () => this.leavingL2.get(e.key) === e);
+        } finally {
+          block.dispose(); // only the L3 bytes were wanted
+        }
       } finally {
         if (this.leavingL2.get(e.key) === e) this.leavingL2.delete(e.key);
       }
@@ -625,6 +667,11 @@ export class TieredKVCache {
   /** A block may only stand for a request if the same model computed the same tokens at the same position. */
   private checkBlock(block: KVBlock, r: Identified, error: (m: string) => Error): void {
     if (!(block instanceof KVBlock)) throw error("not a KVBlock");
+    try {
+      block.nativeHandle();
+    } catch {
+      throw error("the block has been disposed");
+    }
     if (block.fingerprint !== this.model.info.fingerprint) throw error("the block was computed by another model (fingerprint mismatch)");
     if (block.startPos !== r.startPos) throw error(`the block starts at position ${block.startPos}, the request at ${r.startPos}`);
     if (block.nTokens !== r.tokens.length || block.tokens.some((t, i) => t !== r.tokens[i])) throw error("the block's tokens differ from the request's");
@@ -645,8 +692,15 @@ export class TieredKVCache {
   }
 }
 
+/** Bytes of the entries of a map of entries. */
+function bytesOf(m: Map<string, Entry<unknown>>): number {
+  let n = 0;
+  for (const e of m.values()) n += e.bytes;
+  return n;
+}
+
 /** Adds delta to a count kept in a map; a count that reaches 0 leaves the map. */
-function addCount<K>(counts: Map<K, number>, key: K, delta: number): void {
+function addCount<K extends object>(counts: Map<K, number> | WeakMap<K, number>, key: K, delta: number): void {
   const n = (counts.get(key) ?? 0) + delta;
   if (n > 0) counts.set(key, n);
   else counts.delete(key);

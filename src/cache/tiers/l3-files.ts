@@ -94,6 +94,7 @@ export class L3Files {
   private tmpSeq = 0;
   /** Failed writes and unexpected I/O errors, for stats. */
   writeFailures = 0;
+  lastWriteError: string | undefined;
 
   private constructor(
     readonly dir: string,
@@ -202,11 +203,13 @@ export class L3Files {
     return { bytes, drop };
   }
 
-  /** Marks an entry as just used, in memory and in its file's mtime (for recency after a restart). */
-  touch(key: string, now: number): void {
+  /**
+   * Marks an entry's file as just used (its mtime: recency after a restart). Its in-memory usage
+   * is the caller's to touch: the tiers above share it.
+   */
+  touchFile(key: string): void {
     const rec = this.records.get(key);
     if (!rec) return;
-    rec.usage.touch(now);
     if (rec.state === "ready") {
       const t = new Date();
       void utimes(this.pathOf(rec), t, t).catch(() => {});
@@ -267,8 +270,9 @@ export class L3Files {
       if (rec.cancelled) return "cancelled";
       rec.state = "ready";
       return "written";
-    } catch {
+    } catch (e) {
       this.writeFailures++;
+      this.lastWriteError = `L3 write of ${rec.key}: ${e instanceof Error ? e.message : String(e)}`;
       return "failed";
     } finally {
       if (rec.state !== "ready") {
