@@ -233,6 +233,14 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.tiled_attention = attention && std::strcmp(attention, "tiled") == 0;
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.on = s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
+  // Every event a step records (the opening one, the embedding, six stages a layer, the head),
+  // made now rather than while a graph is being captured.
+  const size_t step_events = s.prof.on ? 3 + 6 * size_t(c.n_layers) : 0;
+  while (s.prof.events.size() < step_events) {
+    cudaEvent_t e = nullptr;
+    DKI_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    s.prof.events.push_back(e);
+  }
   s.x.allocate(T * D * f, "activations");
   s.xn.allocate(T * D * f, "activations");
   s.q.allocate(T * qd * f, "queries");
@@ -412,11 +420,7 @@ void CudaForward::Impl::mark(const char* stage, uint64_t bytes) {
 }
 
 void CudaForward::Impl::record_event(size_t i) {
-  while (prof.events.size() <= i) {
-    cudaEvent_t e = nullptr;
-    DKI_CUDA_CHECK(cudaEventCreate(&e));  // with timing
-    prof.events.push_back(e);
-  }
+  if (i >= prof.events.size()) throw Error("CUDA profile: step has more stages than events made for it");
   // In a graph capture, an event node that records the event each time the graph runs.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   DKI_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
