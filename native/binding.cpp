@@ -41,6 +41,22 @@ int get_int(const Napi::Object& o, const char* key) {
   return int(d);
 }
 
+// Argument i as an integer from lo to hi: a TypeError with the call's usage when it is not a
+// number, a RangeError naming it when it is not such an integer (NaN, 1.5, 2^32 + 1, ...).
+int int_arg(const Napi::CallbackInfo& info, size_t i, const char* usage, const char* name, int64_t lo, int64_t hi) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw_type(info.Env(), usage);
+  const double d = info[i].As<Napi::Number>().DoubleValue();
+  if (!(d >= double(lo) && d <= double(hi)) || d != std::floor(d)) {
+    char got[32];
+    snprintf(got, sizeof got, "%.17g", d);
+    throw Napi::RangeError::New(info.Env(), std::string(name) + " must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + got);
+  }
+  return int(d);
+}
+
+constexpr int64_t kIntMax = 2147483647;
+constexpr int64_t kMaxDevice = 1023;
+
 bool get_bool(const Napi::Object& o, const char* key) {
   Napi::Value v = o.Get(key);
   if (!v.IsBoolean()) throw_type(o.Env(), std::string("\"") + key + "\" must be a boolean");
@@ -52,6 +68,31 @@ std::string get_string(const Napi::Object& o, const char* key) {
   if (!v.IsString()) throw_type(o.Env(), std::string("\"") + key + "\" must be a string");
   return v.As<Napi::String>().Utf8Value();
 }
+
+// Which class wrapped a native object. InstanceOf follows prototypes that a script can change, so
+// an object is unwrapped as a class only when it carries that class's tag (set at construction).
+constexpr napi_type_tag kModelTag = {0x646b692d6d6f6465, 0x6c00000000000001};
+constexpr napi_type_tag kBlockTag = {0x646b692d6b76626c, 0x6f636b0000000001};
+constexpr napi_type_tag kContextTag = {0x646b692d636f6e74, 0x6578740000000001};
+constexpr napi_type_tag kSamplerTag = {0x646b692d73616d70, 0x6c65720000000001};
+
+void tag(Napi::Env env, Napi::Object o, const napi_type_tag& t) { NAPI_THROW_IF_FAILED_VOID(env, napi_type_tag_object(env, o, &t)); }
+
+// o as wrapper class W when it carries W's tag, else a TypeError naming what was expected.
+template <class W>
+W* unwrap_as(Napi::Env env, Napi::Value v, const napi_type_tag& t, const std::string& expected) {
+  bool ok = false;
+  if (v.IsObject() && napi_check_object_type_tag(env, v, &t, &ok) != napi_ok) ok = false;
+  if (!ok) throw_type(env, expected);
+  return W::Unwrap(v.As<Napi::Object>());
+}
+
+// The classes this environment made (the main thread and each worker thread that loads the
+// addon have their own: a constructor of one must never be used in another).
+struct Classes {
+  Napi::FunctionReference model, block;
+};
+Classes& classes(Napi::Env env) { return *env.GetInstanceData<Classes>(); }
 
 // A Promise-returning worker: Run() executes off the main thread, Resolve() builds the value.
 class PromiseWorker : public Napi::AsyncWorker {
@@ -74,11 +115,33 @@ class PromiseWorker : public Napi::AsyncWorker {
   }
   void OnOK() override {
     Finally();
-    deferred_.Resolve(Resolve(Env()));
+    // Building the value can fail too (a Buffer or array larger than Node allows): the promise
+    // then rejects, rather than the error escaping with the promise left pending.
+    Napi::Value v;
+    try {
+      v = Resolve(Env());
+    } catch (const Napi::Error& e) {
+      deferred_.Reject(e.Value());
+      return;
+    } catch (const std::exception& e) {
+      deferred_.Reject(Napi::Error::New(Env(), e.what()).Value());
+      return;
+    }
+    deferred_.Resolve(v);
   }
   void OnError(const Napi::Error& e) override {
     Finally();
     deferred_.Reject(e.Value());
+  }
+  // A worker thread's environment that is being torn down (worker.terminate() during a call)
+  // cannot open a handle scope: nobody can see the promise any more, so the result is dropped
+  // instead of the throw ending the whole process.
+  void OnWorkComplete(Napi::Env env, napi_status status) override {
+    try {
+      Napi::AsyncWorker::OnWorkComplete(env, status);
+    } catch (const Napi::Error&) {
+      Destroy();
+    }
   }
   Napi::Promise::Deferred deferred_;
 };
@@ -87,14 +150,14 @@ class PromiseWorker : public Napi::AsyncWorker {
 
 class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
  public:
-  static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
     Napi::Function f = DefineClass(env, "NativeModel",
                                    {InstanceMethod("info", &ModelWrap::Info), InstanceMethod("dispose", &ModelWrap::Dispose)});
-    ctor = Napi::Persistent(f);
+    classes(env).model = Napi::Persistent(f);
     exports.Set("NativeModel", f);
   }
-  explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {}
+  explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) { tag(info.Env(), info.This().As<Napi::Object>(), kModelTag); }
+  static ModelWrap* from(Napi::Env env, Napi::Value v, const std::string& expected) { return unwrap_as<ModelWrap>(env, v, kModelTag, expected); }
 
   std::shared_ptr<const Model> model(Napi::Env env) const {
     if (!model_) throw Napi::Error::New(env, "model has been disposed");
@@ -130,7 +193,6 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   }
   std::shared_ptr<const Model> model_;
 };
-Napi::FunctionReference ModelWrap::ctor;
 
 class LoadWorker : public PromiseWorker {
  public:
@@ -146,7 +208,7 @@ class LoadWorker : public PromiseWorker {
     model_ = std::move(m);
   }
   Napi::Value Resolve(Napi::Env env) override {
-    Napi::Object obj = ModelWrap::ctor.New({});
+    Napi::Object obj = classes(env).model.New({});
     ModelWrap::Unwrap(obj)->set(model_);
     return obj;
   }
@@ -275,7 +337,6 @@ class ExternalBlockBytes {
 
 class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
  public:
-  static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
     Napi::Function f = DefineClass(env, "NativeKVBlock",
                                    {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose),
@@ -283,13 +344,14 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
                                     InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes),
                                     InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values),
                                     InstanceMethod("toDevice", &BlockWrap::ToDevice), InstanceMethod("toHost", &BlockWrap::ToHost)});
-    ctor = Napi::Persistent(f);
+    classes(env).block = Napi::Persistent(f);
     exports.Set("NativeKVBlock", f);
   }
-  explicit BlockWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<BlockWrap>(info) {}
+  explicit BlockWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<BlockWrap>(info) { tag(info.Env(), info.This().As<Napi::Object>(), kBlockTag); }
   ~BlockWrap() override { release(); }
-  static Napi::Object Wrap(std::shared_ptr<const KVBlock> b) {
-    Napi::Object obj = ctor.New({});
+  static BlockWrap* from(Napi::Env env, Napi::Value v, const std::string& expected) { return unwrap_as<BlockWrap>(env, v, kBlockTag, expected); }
+  static Napi::Object Wrap(Napi::Env env, std::shared_ptr<const KVBlock> b) {
+    Napi::Object obj = classes(env).block.New({});
     BlockWrap* w = Unwrap(obj);
     // GPU memory counts too: a device block left to the collector holds scarce device memory.
     w->external_ = int64_t(host_bytes(*b) + device_bytes(*b));
@@ -359,8 +421,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   // slice(from, to) → Promise<NativeKVBlock>
   Napi::Value Slice(const Napi::CallbackInfo& info) {
     auto b = block(info.Env());
-    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) throw_type(info.Env(), "slice(from: number, to: number)");
-    const int from = info[0].As<Napi::Number>().Int32Value(), to = info[1].As<Napi::Number>().Int32Value();
+    const char* usage = "slice(from: number, to: number)";
+    const int from = int_arg(info, 0, usage, "from", 0, kIntMax), to = int_arg(info, 1, usage, "to", 0, kIntMax);
     return RunBlockOp(info.Env(), [b, from, to] { return slice_block(*b, from, to); });
   }
   // serialize(storage: "f32" | "f16" | "bf16" | "int8") → Promise<Buffer>
@@ -382,9 +444,8 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   Napi::Value ToDevice(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     auto b = block(env);
-    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "toDevice(deviceIndex: number)");
+    [[maybe_unused]] const int device = int_arg(info, 0, "toDevice(deviceIndex: number)", "deviceIndex", 0, kMaxDevice);
 #ifdef DKI_CUDA
-    const int device = info[0].As<Napi::Number>().Int32Value();
     return RunBlockOp(env, [b, device] { return cuda_block_to_device(b, device); });
 #else
     throw Napi::Error::New(env, "toDevice: this addon was built without the CUDA backend (npm run build:cuda builds it)");
@@ -419,13 +480,12 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   int64_t external_ = 0;
   napi_env env_ = nullptr;
 };
-Napi::FunctionReference BlockWrap::ctor;
 
 class BlockOpWorker : public PromiseWorker {
  public:
   BlockOpWorker(Napi::Env env, std::function<BlockPtr()> op) : PromiseWorker(env), op_(std::move(op)) {}
   void Run() override { result_ = op_(); }
-  Napi::Value Resolve(Napi::Env) override { return BlockWrap::Wrap(result_); }
+  Napi::Value Resolve(Napi::Env env) override { return BlockWrap::Wrap(env, result_); }
 
  private:
   std::function<BlockPtr()> op_;
@@ -441,21 +501,33 @@ Napi::Value BlockWrap::RunBlockOp(Napi::Env env, std::function<BlockPtr()> op) {
 
 class SerializeWorker : public PromiseWorker {
  public:
-  SerializeWorker(Napi::Env env, BlockPtr b, KVStorage s) : PromiseWorker(env), block_(std::move(b)), storage_(s) {}
+  SerializeWorker(Napi::Env env, BlockPtr b, KVStorage s, std::string name)
+      : PromiseWorker(env), block_(std::move(b)), storage_(s), name_(std::move(name)) {}
   void Run() override {
     std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
     bytes_ = serialize_block(*block_, storage_);
   }
   // The bytes move into the Buffer (freed with it) rather than being copied on the main thread.
+  // Plain Node-API here: when Node refuses the Buffer (larger than it allows, 4 GiB on Node 20)
+  // it has already called the finaliser, which node-addon-api's wrapper would then free again.
   Napi::Value Resolve(Napi::Env env) override {
+    const size_t n = bytes_.size();
     auto* owned = new std::vector<unsigned char>(std::move(bytes_));
-    return Napi::Buffer<unsigned char>::New(
-        env, owned->data(), owned->size(), [](Napi::Env, unsigned char*, std::vector<unsigned char>* v) { delete v; }, owned);
+    const auto finalize = [](napi_env, void*, void* hint) { delete static_cast<std::vector<unsigned char>*>(hint); };
+    napi_value buffer = nullptr;
+    if (napi_create_external_buffer(env, n, owned->data(), finalize, owned, &buffer) != napi_ok) {
+      napi_value ignored;
+      napi_get_and_clear_last_exception(env, &ignored);
+      throw Napi::RangeError::New(env, "serialize: the " + name_ + " form of this block is " + std::to_string(n) +
+                                           " bytes, more than a Node Buffer can hold; serialize a slice, or a smaller storage (f16, int8)");
+    }
+    return Napi::Value(env, buffer);
   }
 
  private:
   BlockPtr block_;
   KVStorage storage_;
+  std::string name_;
   std::vector<unsigned char> bytes_;
 };
 
@@ -463,28 +535,25 @@ Napi::Value BlockWrap::Serialize(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   auto b = block(env);
   if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "serialize(storage: string)");
+  const std::string name = info[0].As<Napi::String>();
   KVStorage s;
   try {
-    s = parse_storage(info[0].As<Napi::String>());
+    s = parse_storage(name);
   } catch (const dki::Error& e) {
     throw Napi::Error::New(env, e.what());
   }
-  auto* w = new SerializeWorker(env, b, s);
+  auto* w = new SerializeWorker(env, b, s, name);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;
 }
 
 std::shared_ptr<const Model> model_arg(const Napi::CallbackInfo& info, size_t i) {
-  if (info.Length() <= i || !info[i].IsObject() || !info[i].As<Napi::Object>().InstanceOf(ModelWrap::ctor.Value()))
-    throw_type(info.Env(), "argument " + std::to_string(i + 1) + " must be a NativeModel");
-  return ModelWrap::Unwrap(info[i].As<Napi::Object>())->model(info.Env());
+  const Napi::Value v = info.Length() > i ? info[i] : info.Env().Undefined();
+  return ModelWrap::from(info.Env(), v, "argument " + std::to_string(i + 1) + " must be a NativeModel")->model(info.Env());
 }
 
-BlockPtr block_arg(Napi::Env env, Napi::Value v) {
-  if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(BlockWrap::ctor.Value())) throw_type(env, "expected a NativeKVBlock");
-  return BlockWrap::Unwrap(v.As<Napi::Object>())->block(env);
-}
+BlockPtr block_arg(Napi::Env env, Napi::Value v) { return BlockWrap::from(env, v, "expected a NativeKVBlock")->block(env); }
 
 void check_owner(Napi::Env env, const Model& m, const KVBlock& b) {
   if (b.fingerprint != m.fingerprint()) throw Napi::Error::New(env, "K/V block was computed by another model (fingerprint mismatch)");
@@ -494,10 +563,9 @@ void check_owner(Napi::Env env, const Model& m, const KVBlock& b) {
 Napi::Value RemapBlock(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   auto m = model_arg(info, 0);
-  if (info.Length() < 3 || !info[2].IsNumber()) throw_type(env, "remapBlock(model, block, newStart: number)");
+  const int start = int_arg(info, 2, "remapBlock(model, block, newStart: number)", "newStart", -kMaxPosition, kMaxPosition);
   BlockPtr b = block_arg(env, info[1]);
   check_owner(env, *m, *b);
-  const int start = info[2].As<Napi::Number>().Int32Value();
   return BlockWrap::RunBlockOp(env, [m, b, start] { return remap_positions(*b, start, m->inv_freq(), m->config().rope_interleaved); });
 }
 
@@ -531,7 +599,7 @@ class DeserializeWorker : public PromiseWorker {
         throw Error("K/V block shape does not match this model");
     }
   }
-  Napi::Value Resolve(Napi::Env) override { return BlockWrap::Wrap(block_); }
+  Napi::Value Resolve(Napi::Env env) override { return BlockWrap::Wrap(env, block_); }
 
  private:
   Napi::Reference<Napi::Uint8Array> ref_;
@@ -553,10 +621,8 @@ Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
     throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)");
   int device = -1;
-  if (info.Length() > 2 && !info[2].IsUndefined()) {
-    if (!info[2].IsNumber()) throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)");
-    device = info[2].As<Napi::Number>().Int32Value();
-  }
+  if (info.Length() > 2 && !info[2].IsUndefined())
+    device = int_arg(info, 2, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)", "deviceIndex", -1, kMaxDevice);
   auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device);
   Napi::Promise p = w->promise();
   w->Queue();
@@ -590,13 +656,13 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   // new NativeContext(model, maxTokens)
   explicit ContextWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ContextWrap>(info) {
     Napi::Env env = info.Env();
+    tag(env, info.This().As<Napi::Object>(), kContextTag);
     if (info.Length() < 2 || !info[0].IsObject() || !info[1].IsNumber()) throw_type(env, "NativeContext(model, maxTokens)");
-    Napi::Object m = info[0].As<Napi::Object>();
-    if (!m.InstanceOf(ModelWrap::ctor.Value())) throw_type(env, "first argument must be a NativeModel");
+    ModelWrap* m = ModelWrap::from(env, info[0], "first argument must be a NativeModel");
     const double n = info[1].As<Napi::Number>().DoubleValue();
     if (!(n >= 1 && n <= 1 << 24) || n != double(int(n))) throw Napi::RangeError::New(env, "maxTokens must be an integer in 1..16777216");
     try {
-      ctx_ = std::make_unique<Context>(ModelWrap::Unwrap(m)->model(env), int(n));
+      ctx_ = std::make_unique<Context>(m->model(env), int(n));
     } catch (const std::bad_alloc&) {
       throw Napi::Error::New(env, "out of memory allocating a " + std::to_string(int(n)) + "-token K/V cache");
     } catch (const dki::Error& e) {  // a GPU context that could not get its device memory
@@ -629,6 +695,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Napi::Value Resolve(Napi::Env env) override {
       if (mode_ == LogitsMode::None) return env.Null();
       Napi::Float32Array out = out_.IsEmpty() ? Napi::Float32Array::New(env, logits_.size()) : out_.Value();
+      if (out.ElementLength() != logits_.size() || out.Data() == nullptr)
+        throw Napi::Error::New(env, "eval: the out array was detached or resized while the eval ran");
       std::copy(logits_.begin(), logits_.end(), out.Data());
       return out;
     }
@@ -649,11 +717,10 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Eval(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     ctx(env);
-    if (info.Length() < 2 || !info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array || !info[1].IsNumber())
-      throw_type(env, "eval(tokens: Int32Array, logits: 0 | 1 | 2)");
+    const char* usage = "eval(tokens: Int32Array, logits: 0 | 1 | 2, out?: Float32Array)";
+    if (info.Length() < 2 || !info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) throw_type(env, usage);
     Napi::Int32Array t = info[0].As<Napi::Int32Array>();
-    int mode = info[1].As<Napi::Number>().Int32Value();
-    if (mode < 0 || mode > 2) throw_type(env, "logits mode must be 0, 1 or 2");
+    const int mode = int_arg(info, 1, usage, "logits mode", 0, 2);
     std::vector<int32_t> tokens(t.Data(), t.Data() + t.ElementLength());
     Napi::Float32Array out;
     if (info.Length() > 2 && !info[2].IsUndefined()) {
@@ -665,6 +732,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       if (out.ElementLength() != want)
         throw Napi::RangeError::New(env, "eval: out has " + std::to_string(out.ElementLength()) + " floats, the logits need " + std::to_string(want));
     }
+    ctx_->clear_cancel();  // a cancel() from now on stops this eval, even before it starts
     auto* w = new EvalWorker(env, this, std::move(tokens), LogitsMode(mode), out);
     Napi::Promise p = w->promise();
     w->Queue();
@@ -688,9 +756,9 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Truncate(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
-    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "truncate(n: number)");
+    const int n = int_arg(info, 0, "truncate(n: number)", "n", 0, kIntMax);
     try {
-      c.truncate(info[0].As<Napi::Number>().Int32Value());
+      c.truncate(n);
     } catch (const dki::Error& e) {
       throw Napi::RangeError::New(env, e.what());
     }
@@ -704,23 +772,24 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   }
 
   // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean }])
+  // The segments are read first: reading them can run JavaScript (getters, proxies) that could
+  // dispose this context or start an eval on it, so the context is looked up only afterwards.
   Napi::Value SetSegments(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    ctx(env);
     if (info.Length() < 1 || !info[0].IsArray()) throw_type(env, "setSegments(segments: Array)");
     Napi::Array arr = info[0].As<Napi::Array>();
     std::vector<Segment> segs;
     for (uint32_t i = 0; i < arr.Length(); i++) {
       if (!arr.Get(i).IsObject()) throw_type(env, "segments must be objects");
       Napi::Object o = arr.Get(i).As<Napi::Object>();
-      Napi::Value b = o.Get("block");
-      if (!b.IsObject() || !b.As<Napi::Object>().InstanceOf(BlockWrap::ctor.Value())) throw_type(env, "segment.block must be a NativeKVBlock");
       Segment s;
-      s.block = BlockWrap::Unwrap(b.As<Napi::Object>())->block(env);
+      s.block = BlockWrap::from(env, o.Get("block"), "segment.block must be a NativeKVBlock")->block(env);
       s.alpha = float(get_number(o, "alpha"));
       s.logit_scaling = get_bool(o, "logit");
       segs.push_back(std::move(s));
     }
+    Context& c = ctx(env);
     try {
       c.set_segments(std::move(segs));
     } catch (const dki::Error& e) {
@@ -732,11 +801,12 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value ExportBlock(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
-    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber() || (info.Length() > 2 && !info[2].IsBoolean() && !info[2].IsUndefined()))
-      throw_type(env, "exportBlock(from: number, to: number, onDevice?: boolean)");
+    const char* usage = "exportBlock(from: number, to: number, onDevice?: boolean)";
+    if (info.Length() > 2 && !info[2].IsBoolean() && !info[2].IsUndefined()) throw_type(env, usage);
+    const int from = int_arg(info, 0, usage, "from", 0, kIntMax), to = int_arg(info, 1, usage, "to", 0, kIntMax);
     const bool on_device = info.Length() > 2 && info[2].IsBoolean() && info[2].As<Napi::Boolean>().Value();
     try {
-      return BlockWrap::Wrap(c.export_block(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value(), on_device));
+      return BlockWrap::Wrap(env, c.export_block(from, to, on_device));
     } catch (const dki::Error& e) {
       throw Napi::RangeError::New(env, e.what());
     }
@@ -746,9 +816,9 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value SetAttentionProbe(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
-    if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setAttentionProbe(layer: number)");
+    const int layer = int_arg(info, 0, "setAttentionProbe(layer: number)", "layer", -1, kIntMax);
     try {
-      c.set_attention_probe(info[0].As<Napi::Number>().Int32Value());
+      c.set_attention_probe(layer);
     } catch (const dki::Error& e) {
       throw Napi::RangeError::New(env, e.what());
     }
@@ -806,6 +876,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
   // new NativeSampler({ temperature, topK, topP, repetitionPenalty, seed })
   explicit SamplerWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SamplerWrap>(info) {
     Napi::Env env = info.Env();
+    tag(env, info.This().As<Napi::Object>(), kSamplerTag);
     if (info.Length() < 1 || !info[0].IsObject()) throw_type(env, "NativeSampler(params)");
     Napi::Object o = info[0].As<Napi::Object>();
     SamplingParams p;
@@ -843,9 +914,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
 
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setThreads(n: number)");
-  int n = info[0].As<Napi::Number>().Int32Value();
-  if (n < 0 || n > 1024) throw Napi::RangeError::New(env, "thread count must be 0 (all cores) .. 1024");
+  const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: all cores)", 0, 1024);
   std::lock_guard<std::mutex> lock(g_compute);
   set_thread_count(n);
   return env.Undefined();
@@ -866,10 +935,8 @@ Napi::Value SetKVPoolBytes(const Napi::CallbackInfo& info) {
 Napi::Value KVPoolBytes(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || info[0].IsUndefined()) return Napi::Number::New(env, double(kv_pool_bytes()));
-  if (!info[0].IsNumber()) throw_type(env, "kvPoolBytes(deviceIndex?: number)");
+  [[maybe_unused]] const int device = int_arg(info, 0, "kvPoolBytes(deviceIndex?: number)", "deviceIndex", 0, kMaxDevice);
 #ifdef DKI_CUDA
-  const int device = info[0].As<Napi::Number>().Int32Value();
-  if (device < 0) throw Napi::RangeError::New(env, "kvPoolBytes: deviceIndex must be a GPU index (0 or more)");
   return Napi::Number::New(env, double(cuda_pool_bytes(device)));
 #else
   throw Napi::Error::New(env, "kvPoolBytes: this addon was built without the CUDA backend (npm run build:cuda builds it)");
@@ -958,6 +1025,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   // A DKI_SIMD the CPU cannot honour, or a DKI_PREFETCH out of range, fails the require with the
   // reason before any work runs.
   if (!simd_env_error().empty()) throw Napi::Error::New(env, simd_env_error());
+  env.SetInstanceData(new Classes);
   ModelWrap::Init(env, exports);
   BlockWrap::Init(env, exports);
   ContextWrap::Init(env, exports);

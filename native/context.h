@@ -59,10 +59,14 @@ class Context {
   // The stage profile of a GPU context made with DKI_CUDA_PROFILE=1 (on is false otherwise).
   StageProfile stage_profile() const;
 
-  // Asks a running eval to stop at the next chunk boundary (it then throws "cancelled").
+  // Asks a running or queued eval to stop at the next chunk boundary (it then throws "cancelled"
+  // and leaves the context as it was). clear_cancel() is called when an eval is queued, so a
+  // cancel between queueing and starting is not lost.
   void cancel() { cancel_.store(true); }
+  void clear_cancel() { cancel_.store(false); }
 
  private:
+  void eval_chunks(const int32_t* tokens, int n, LogitsMode mode, int max_chunk, size_t V, std::vector<float>& logits);
   void eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits);
   void attention(int layer, int T);
 
@@ -85,6 +89,10 @@ class Context {
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, cos_, sin_;
   std::vector<unsigned char> xq_;  // the input of a Q8_0 projection, quantised to Q8_0
 };
+
+// Tokens of all injected segments together: with a context's own tokens (at most 2^24) every
+// count of attended columns fits an int.
+constexpr int kMaxSegmentTokens = 1 << 24;
 
 // Largest number of tokens processed in one pass; longer inputs are split.
 constexpr int kMaxChunk = 256;

@@ -122,6 +122,10 @@ void Context::set_attention_probe(int layer) {
 
 void Context::set_segments(std::vector<Segment> segments) {
   const ModelConfig& c = model_->config();
+  int64_t total = 0;
+  for (const auto& s : segments) total += s.block->n_tokens;
+  if (total > kMaxSegmentTokens)
+    throw Error("segments hold " + std::to_string(total) + " tokens together; at most " + std::to_string(kMaxSegmentTokens) + " can be injected");
   for (const auto& s : segments) {
     const KVBlock& b = *s.block;
     if (b.fingerprint != model_->fingerprint()) throw Error("K/V block was computed by another model (fingerprint mismatch)");
@@ -153,10 +157,21 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) + " is outside the vocabulary (0.." +
                   std::to_string(c.vocab_size - 1) + ")");
-  cancel_.store(false);
   const size_t V = c.vocab_size;
   logits.assign(mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? V : V * n, 0.f);
   const int max_chunk = cuda_ ? kMaxCudaChunk : kMaxChunk;  // cuda_ is null in CPU-only builds
+  // All or nothing: an eval cancelled or failed after some chunks leaves the context as it was.
+  const int n_past_before = n_past_;
+  try {
+    eval_chunks(tokens, n, mode, max_chunk, V, logits);
+  } catch (...) {
+    n_past_ = n_past_before;
+    tokens_.resize(size_t(n_past_before));
+    throw;
+  }
+}
+
+void Context::eval_chunks(const int32_t* tokens, int n, LogitsMode mode, int max_chunk, size_t V, std::vector<float>& logits) {
   for (int done = 0; done < n;) {
     if (cancel_.load()) throw Error("cancelled");
     const int T = std::min(max_chunk, n - done);

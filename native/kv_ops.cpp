@@ -123,6 +123,8 @@ BlockPtr scale_values(const KVBlock& b, float alpha) {
 
 BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {
   if (int(inv_freq.size()) * 2 != b.head_dim) throw Error("block head_dim does not match the model");
+  if (new_start < -kMaxPosition || new_start > kMaxPosition)
+    throw Error("remap: start position " + std::to_string(new_start) + " is outside ±" + std::to_string(kMaxPosition));
 #ifdef DKI_CUDA
   if (b.device) return cuda_remap_positions(b, new_start, inv_freq, interleaved);
 #endif
@@ -344,6 +346,8 @@ BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expe
   if (!in_range(h.n_layers, kMaxLayers) || !in_range(h.n_kv_heads, kMaxHeads) || !in_range(h.head_dim, kMaxHeadDim) || !in_range(h.n_tokens, kMaxTokens) ||
       h.head_dim % 2 != 0)
     throw Error("K/V block header has invalid dimensions");
+  if (h.start_pos < -kMaxPosition || h.start_pos > kMaxPosition)
+    throw Error("K/V block header has start position " + std::to_string(h.start_pos) + ", outside ±" + std::to_string(kMaxPosition));
   const KVStorage storage = KVStorage(h.storage);
   const size_t body = size_t(h.n_tokens) * 4 + payload_bytes(h.n_layers, h.n_kv_heads, h.n_tokens, h.head_dim, storage);
   if (h.body_bytes != body) throw Error("K/V block header says " + std::to_string(h.body_bytes) + " body bytes, its dimensions need " + std::to_string(body));

@@ -24,6 +24,10 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
 // Tokens [from, to) of a block.
 BlockPtr slice_block(const KVBlock& b, int from, int to);
 
+// A block's start position stays within ±kMaxPosition (remap refuses others, deserialize too), so
+// a start plus any token count, or the difference of two starts, fits an int.
+constexpr int kMaxPosition = 1 << 29;
+
 // Storage forms for serialisation and colder cache tiers.
 enum class KVStorage : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Int8 = 3 };
 KVStorage parse_storage(const std::string& name);

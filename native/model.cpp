@@ -10,17 +10,22 @@ namespace dki {
 
 namespace {
 
+// Sizes up to these (far above any released model: Llama 3 405B has hidden 16384, MLP 53248,
+// 128 heads of 128) keep every product the forward pass forms in an int.
 void check_config(const ModelConfig& c) {
-  auto positive = [](int v, const char* name) {
-    if (v <= 0) throw Error(std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+  auto in_range = [](int v, int max, const char* name) {
+    if (v <= 0 || v > max)
+      throw Error(std::string("model config: ") + name + " must be from 1 to " + std::to_string(max) + ", got " + std::to_string(v));
   };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.hidden_size, "hidden_size");
-  positive(c.intermediate_size, "intermediate_size");
-  positive(c.n_layers, "num_hidden_layers");
-  positive(c.n_heads, "num_attention_heads");
-  positive(c.n_kv_heads, "num_key_value_heads");
-  positive(c.head_dim, "head_dim");
+  in_range(c.vocab_size, 1 << 24, "vocab_size");
+  in_range(c.hidden_size, 1 << 17, "hidden_size");
+  in_range(c.intermediate_size, 1 << 19, "intermediate_size");
+  in_range(c.n_layers, 1024, "num_hidden_layers");
+  in_range(c.n_heads, 1024, "num_attention_heads");
+  in_range(c.n_kv_heads, 1024, "num_key_value_heads");
+  in_range(c.head_dim, 1024, "head_dim");
+  if (int64_t(c.n_heads) * c.head_dim > (1 << 18))
+    throw Error("model config: num_attention_heads × head_dim = " + std::to_string(int64_t(c.n_heads) * c.head_dim) + " is over " + std::to_string(1 << 18));
   if (c.n_heads % c.n_kv_heads != 0) throw Error("model config: num_attention_heads is not a multiple of num_key_value_heads");
   if (c.head_dim % 2 != 0) throw Error("model config: head_dim must be even for rotary embeddings");
   if (!(c.rope_theta > 0)) throw Error("model config: rope_theta must be positive");

@@ -40,7 +40,7 @@ import { blockKey, checkTokenList, KEY_PATTERN, userHash } from "./keys.js";
 import { LatencyStats } from "./latency.js";
 import type { Entry } from "./tiers/budgeted-map.js";
 import { L1Blocks } from "./tiers/l1.js";
-import { L2Buffers, serializedBytes, type L2Storage } from "./tiers/l2.js";
+import { L2Buffers, type L2Storage } from "./tiers/l2.js";
 import { CorruptEntryError, ENTRY_HEADER_BYTES, L3Files } from "./tiers/l3-files.js";
 import { Usage } from "./usage.js";
 
@@ -528,7 +528,7 @@ export class TieredKVCache {
     const already = this.writing.get(r.key);
     if (already) return already.done!;
     if (this.l3.holds(r.key)) return Promise.resolve();
-    if (!this.l3.fits(ENTRY_HEADER_BYTES + serializedBytes(block, "int8"))) return Promise.resolve();
+    if (!this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return Promise.resolve();
     const job = this.background(r.key, r.userHash, async (job) => {
       try {
         const bytes = await this.pinned(block, r.key, () => block.serialize("int8"));
@@ -620,7 +620,7 @@ export class TieredKVCache {
   }
 
   private async writeL3(e: Entry<unknown>, block: KVBlock, job: Job, stillWanted: () => boolean): Promise<void> {
-    if (!this.l3.fits(ENTRY_HEADER_BYTES + serializedBytes(block, "int8"))) return;
+    if (!this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return;
     const bytes = await block.serialize("int8");
     if (job.cancelled || !stillWanted()) return;
     await this.l3.write(e.key, e.userHash, e.usage, bytes, () => job.cancelled);

@@ -1,8 +1,12 @@
 // K/V blocks: every layer's keys and values for a run of tokens, computed by one model and
 // refused by any other. Blocks are immutable; every operation returns a new block and runs
 // off the main thread. Memory is native: call dispose() (or let the GC reclaim it).
+import { constants as bufferConstants } from "node:buffer";
 import { DkiArgumentError } from "../errors.js";
 import { native, type KVStorage, type NativeKVBlockHandle, type NativeModelHandle } from "../engine/native.js";
+
+/** Bytes of the serialised block header (native/kv_ops.cpp). */
+export const BLOCK_HEADER_BYTES = 64;
 
 export type { KVStorage };
 
@@ -84,11 +88,23 @@ export class KVBlock {
     return this.nativeHandle().storageBytes(storage);
   }
 
+  /** Exact length of serialize(storage): header, int32 token ids, payload. */
+  serializedBytes(storage: KVStorage): number {
+    return BLOCK_HEADER_BYTES + 4 * this.nTokens + this.storageBytes(storage);
+  }
+
   /**
    * Versioned binary with header, model fingerprint, token ids and checksum. A block on a GPU is
-   * converted or quantised there, to the same bytes, so only the stored form crosses PCIe.
+   * converted or quantised there, to the same bytes, so only the stored form crosses PCIe. A form
+   * larger than a Node Buffer can hold (4 GiB on Node 20) is refused before any work.
    */
-  serialize(storage: KVStorage = "f32"): Promise<Buffer> {
+  async serialize(storage: KVStorage = "f32"): Promise<Buffer> {
+    const bytes = this.serializedBytes(storage);
+    if (bytes > bufferConstants.MAX_LENGTH) {
+      throw new DkiArgumentError(
+        `serialize: the ${storage} form of this block is ${bytes} bytes, more than a Node Buffer can hold (${bufferConstants.MAX_LENGTH}); serialize slices, or a smaller storage (f16, int8)`,
+      );
+    }
     return this.nativeHandle().serialize(storage);
   }
 

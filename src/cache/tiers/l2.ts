@@ -7,14 +7,6 @@ import { BudgetedMap } from "./budgeted-map.js";
 
 export type L2Storage = "f16" | "bf16";
 
-/** Bytes of the serialised block header (see native/kv_ops.cpp). */
-export const BLOCK_HEADER_BYTES = 64;
-
-/** Exact length of `block.serialize(storage)`: header, int32 token ids, payload. */
-export function serializedBytes(block: KVBlock, storage: "f16" | "bf16" | "int8"): number {
-  return BLOCK_HEADER_BYTES + 4 * block.nTokens + block.storageBytes(storage);
-}
-
 export class L2Buffers extends BudgetedMap<Buffer> {
   constructor(budget: number, readonly storage: L2Storage) {
     super(budget);
@@ -22,7 +14,7 @@ export class L2Buffers extends BudgetedMap<Buffer> {
 
   /** What a block will cost here, known before paying for the conversion. */
   cost(block: KVBlock): number {
-    return serializedBytes(block, this.storage);
+    return block.serializedBytes(this.storage);
   }
 
   encode(block: KVBlock): Promise<Buffer> {

@@ -1,0 +1,123 @@
+// The addon against misuse from JavaScript: what used to crash the process (a segfault, an abort)
+// must be a clean error or work. Each case here was a reproduced crash or silent misbehaviour.
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { nativeConfig } from "../src/engine/model.js";
+import { native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { hfLlamaTiny, repoRoot } from "./support/paths.js";
+
+const addon = native();
+let model: NativeModelHandle;
+let spec: Parameters<typeof addon.loadModel>[0];
+
+beforeAll(async () => {
+  const f = await readHfFolder(hfLlamaTiny);
+  spec = { config: nativeConfig(f.config), tensors: f.tensors };
+  model = await addon.loadModel(spec);
+});
+afterAll(() => model.dispose());
+
+const tokens = (n: number) => Int32Array.from({ length: n }, (_, i) => (i * 31 + 7) % 500); // the fixture has 512 ids
+
+describe("threads and lifetimes", () => {
+  test("worker threads may load the addon too: one that exited, one alive and one terminated mid-eval leave the main thread's classes working", () => {
+    const r = spawnSync(process.execPath, [join(repoRoot, "test", "support", "addon-in-workers.mjs"), join(repoRoot, "dist"), hfLlamaTiny], { encoding: "utf8" });
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout.trim().split("\n").pop()!)).toMatchObject({ exported: 3, logits: 3 });
+  });
+
+  test("an out array detached while its eval runs rejects the eval", async () => {
+    const ctx = new addon.NativeContext(model, 64);
+    try {
+      const out = new Float32Array(spec.config.vocabSize);
+      const p = ctx.eval(tokens(32), 1, out);
+      structuredClone(out.buffer, { transfer: [out.buffer] });
+      await expect(p).rejects.toThrow(/eval: the out array was detached or resized while the eval ran/);
+    } finally {
+      ctx.dispose();
+    }
+  });
+
+  test("reading the segments can run JavaScript that disposes the context: setSegments then says so", async () => {
+    const ctx = new addon.NativeContext(model, 16);
+    await ctx.eval(tokens(4), 0);
+    const block = ctx.exportBlock(0, 4);
+    const sneaky = { block, alpha: 1, get logit() { ctx.dispose(); return false; } };
+    expect(() => ctx.setSegments([sneaky])).toThrow(/context has been disposed/);
+    block.dispose();
+  });
+});
+
+describe("cancel", () => {
+  test("a cancel on the eval's own tick or while it waits stops it, and a cancelled eval leaves the context as it was", async () => {
+    const a = new addon.NativeContext(model, 2048);
+    const b = new addon.NativeContext(model, 2048);
+    try {
+      await b.eval(tokens(5), 0);
+      const p = b.eval(tokens(1500), 0);
+      b.cancel();
+      await expect(p).rejects.toThrow(/cancelled/);
+      expect(b.nPast).toBe(5);
+      const first = a.eval(tokens(1500), 0); // b's next eval waits behind this one
+      const queued = expect(b.eval(tokens(1500), 0)).rejects.toThrow(/cancelled/);
+      b.cancel();
+      await first;
+      await queued;
+      expect(b.nPast).toBe(5);
+      await b.eval(tokens(3), 0); // a later eval is not cancelled by the earlier cancel()
+      expect(b.nPast).toBe(8);
+    } finally {
+      a.dispose();
+      b.dispose();
+    }
+  });
+});
+
+describe("arguments", () => {
+  test("an object that only pretends to be a NativeModel (its prototype swapped) is refused", () => {
+    const sampler = new addon.NativeSampler({ temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 1 });
+    Object.setPrototypeOf(sampler, Object.getPrototypeOf(model));
+    expect(() => new addon.NativeContext(sampler as unknown as NativeModelHandle, 16)).toThrow(/first argument must be a NativeModel/);
+  });
+
+  test("integer arguments are integers in range, not whatever Int32 conversion makes of them", async () => {
+    const ctx: NativeContextHandle = new addon.NativeContext(model, 16);
+    try {
+      await ctx.eval(tokens(4), 0);
+      expect(() => ctx.truncate(Number.NaN)).toThrow(/n must be an integer from 0 to 2147483647, got nan/);
+      expect(ctx.nPast).toBe(4);
+      expect(() => ctx.eval(tokens(1), 1.5 as 1)).toThrow(/logits mode must be an integer from 0 to 2, got 1.5/);
+      expect(() => ctx.exportBlock(Number.NaN, 2)).toThrow(/from must be an integer/);
+      const block = ctx.exportBlock(0, 4);
+      expect(() => block.slice(0, 2 ** 32 + 1)).toThrow(/to must be an integer from 0 to 2147483647/);
+      expect(() => addon.remapBlock(model, block, 2 ** 31)).toThrow(/newStart must be an integer from -536870912 to 536870912/);
+      expect(() => addon.setThreads(2 ** 32 + 1)).toThrow(/thread count \(0: all cores\) must be an integer from 0 to 1024/);
+      block.dispose();
+    } finally {
+      ctx.dispose();
+    }
+  });
+
+  test("injected segments are capped at 2^24 tokens together (a count that used to wrap an int)", async () => {
+    const ctx = new addon.NativeContext(model, 4200);
+    try {
+      await ctx.eval(tokens(4096), 0);
+      const block = ctx.exportBlock(0, 4096);
+      const many = Array.from({ length: 4097 }, () => ({ block, alpha: 1, logit: false }));
+      expect(() => ctx.setSegments(many)).toThrow(/segments hold 16781312 tokens together; at most 16777216 can be injected/);
+      block.dispose();
+    } finally {
+      ctx.dispose();
+    }
+  });
+
+  test("model shapes whose products would overflow are refused at load", async () => {
+    const config = { ...spec.config, numHeads: 65536, headDim: 65536 };
+    await expect(addon.loadModel({ ...spec, config })).rejects.toThrow(/num_attention_heads must be from 1 to 1024, got 65536/);
+    await expect(addon.loadModel({ ...spec, config: { ...spec.config, numHeads: 1024, numKvHeads: 1024, headDim: 512 } })).rejects.toThrow(
+      /num_attention_heads × head_dim = 524288 is over 262144/,
+    );
+  });
+});
