@@ -583,7 +583,9 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
   return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
-// Reads the caller's bytes in place (no copy): a reference keeps them alive until the worker ends.
+// Reads the caller's bytes in place (no copy: a restore's bytes can be tens of MB): a reference
+// keeps them alive until the worker ends, but nothing in Node-API can stop a caller from
+// transferring or resizing their ArrayBuffer meanwhile, so the contract (kv-block.ts) forbids it.
 class DeserializeWorker : public PromiseWorker {
  public:
   DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model, int device)

@@ -111,7 +111,8 @@ export class KVBlock {
   /**
    * Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks.
    * onDevice (a model on CUDA): the payload is decoded on the model's GPU into a device block,
-   * after every check has passed on the host.
+   * after every check has passed on the host. The bytes are read in place on a worker thread:
+   * do not change, transfer or resize them until the promise settles.
    */
   static async deserialize(model: NativeModelHandle, bytes: Uint8Array, opts: { onDevice?: boolean } = {}): Promise<KVBlock> {
     let deviceIndex = -1;
