@@ -145,6 +145,21 @@ describe("persistence", () => {
     await again.close();
   });
 
+  test("the next session ranks L3 entries as this one did: an entry used often from L1 outlives one used once", async () => {
+    const dir = tempDir();
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    const hot = await cache.get(req(0));
+    for (let i = 0; i < 20; i++) (await cache.get(req(0))).release(); // L1 hits: its file is never read
+    const cold = await cache.get(req(1)); // used once, but last
+    hot.release();
+    cold.release();
+    await cache.close();
+    const small = await TieredKVCache.open({ model, dir, budgets: { ...big, l3Bytes: L3_FILE } });
+    expect(small.locate(hot.key)).toEqual(["L3"]);
+    expect(small.locate(cold.key)).toEqual([]);
+    await small.close();
+  });
+
   test("reopening with a smaller L3 budget trims to it", async () => {
     const dir = tempDir();
     const cache = await TieredKVCache.open({ model, dir, budgets: big });

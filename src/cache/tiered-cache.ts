@@ -376,12 +376,16 @@ export class TieredKVCache {
     }
   }
 
-  /** Finishes pending gets and writes, then lets go of every block. L3 files stay for the next open. */
+  /**
+   * Finishes pending gets and writes, then lets go of every block. L3 files stay for the next
+   * open, which ranks them for eviction as this session last did.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     await Promise.allSettled([...this.inflight.values()]);
     await this.flush();
+    await this.l3.persistRanking();
     const dropped = this.l1BlocksWhere(() => true);
     for (const m of [this.l1, this.l2]) for (const e of [...m.values()]) m.remove(e.key);
     this.leavingL1.clear();

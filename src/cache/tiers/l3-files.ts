@@ -204,6 +204,21 @@ export class L3Files {
   }
 
   /**
+   * Writes the session's ranking into the files' mtimes, least worth keeping oldest, so the next
+   * open() ranks them the same way (entries used only from L1 or L2 never touched their files).
+   */
+  async persistRanking(): Promise<void> {
+    const ready = [...this.records.values()].filter((r) => r.state === "ready").sort((a, b) => a.usage.priority() - b.usage.priority());
+    const now = Date.now();
+    await Promise.all(
+      ready.map((r, i) => {
+        const t = new Date(now - (ready.length - i)); // 1 ms apart
+        return utimes(this.pathOf(r), t, t).catch(() => {});
+      }),
+    );
+  }
+
+  /**
    * Marks an entry's file as just used (its mtime: recency after a restart). Its in-memory usage
    * is the caller's to touch: the tiers above share it.
    */
