@@ -24,8 +24,57 @@ namespace {
 using namespace dki;
 
 // Heavy work is serialised: the thread pool already uses every core, and the pool must not be
-// resized under a running loop.
+// resized (nor the kernels switched) under a running loop.
 std::mutex g_compute;
+
+// Engine settings (threads, SIMD path, prefetch, decode streams) asked for while work holds the
+// compute lock are applied when the lock is next taken, in the order asked: the JS thread never
+// waits behind an eval or a model load to change them (it used to, for seconds). Idle, they
+// apply at once.
+class PendingSettings {
+ public:
+  void request(std::function<void()> setting) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.push_back(std::move(setting));
+    }
+    std::unique_lock<std::mutex> compute(g_compute, std::try_to_lock);
+    if (compute.owns_lock()) apply();
+  }
+  // The caller holds g_compute. Settings were checked when asked for; only starting a pool's
+  // threads can still fail (the old pool then stays), and that must not stop the others.
+  void apply() noexcept {
+    std::vector<std::function<void()>> todo;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      todo.swap(pending_);
+    }
+    for (auto& f : todo) {
+      try {
+        f();
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::function<void()>> pending_;
+};
+PendingSettings g_settings;
+
+// Held by every piece of heavy work: one at a time. The settings asked for meanwhile are applied
+// when the lock is taken and again when the work ends, so they hold as soon as nothing runs.
+class ComputeLock {
+ public:
+  ComputeLock() : lock_(g_compute) { g_settings.apply(); }
+  ~ComputeLock() { g_settings.apply(); }
+  ComputeLock(const ComputeLock&) = delete;
+  ComputeLock& operator=(const ComputeLock&) = delete;
+
+ private:
+  std::lock_guard<std::mutex> lock_;
+};
 
 [[noreturn]] void throw_type(Napi::Env env, const std::string& msg) { throw Napi::TypeError::New(env, msg); }
 
@@ -200,7 +249,7 @@ class LoadWorker : public PromiseWorker {
   LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize, int cuda_device)
       : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize), cuda_device_(cuda_device) {}
   void Run() override {
-    std::lock_guard<std::mutex> lock(g_compute);  // quantising uses the thread pool
+    ComputeLock lock;  // quantising uses the thread pool
     auto m = std::make_shared<Model>(cfg_, specs_, quantize_);
 #ifdef DKI_CUDA
     if (cuda_device_ >= 0) m->set_device_weights(cuda_upload(*m, cuda_device_));
@@ -504,7 +553,7 @@ class SerializeWorker : public PromiseWorker {
   SerializeWorker(Napi::Env env, BlockPtr b, KVStorage s, std::string name)
       : PromiseWorker(env), block_(std::move(b)), storage_(s), name_(std::move(name)) {}
   void Run() override {
-    std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
+    ComputeLock lock;  // conversion uses the thread pool
     bytes_ = serialize_block(*block_, storage_);
   }
   // The bytes move into the Buffer (freed with it) rather than being copied on the main thread.
@@ -592,7 +641,7 @@ class DeserializeWorker : public PromiseWorker {
       : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)), device_(device) {}
   void Run() override {
     {
-      std::lock_guard<std::mutex> lock(g_compute);  // conversion uses the thread pool
+      ComputeLock lock;  // conversion uses the thread pool
       block_ = deserialize_block(data_, size_, model_ ? model_->fingerprint() : 0, device_);
     }
     if (model_) {
@@ -691,7 +740,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       if (!out.IsEmpty()) out_ = Napi::Persistent(out);
     }
     void Run() override {
-      std::lock_guard<std::mutex> lock(g_compute);
+      ComputeLock lock;
       self_->ctx_->eval(tokens_.data(), int(tokens_.size()), mode_, logits_);
     }
     Napi::Value Resolve(Napi::Env env) override {
@@ -917,8 +966,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: all cores)", 0, 1024);
-  std::lock_guard<std::mutex> lock(g_compute);
-  set_thread_count(n);
+  g_settings.request([n] { set_thread_count(n); });
   return env.Undefined();
 }
 
@@ -950,12 +998,13 @@ Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::Ne
 Napi::Value SetSimd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "setSimd(name: string)");
-  std::lock_guard<std::mutex> lock(g_compute);
+  const std::string name = info[0].As<Napi::String>().Utf8Value();
   try {
-    set_simd(info[0].As<Napi::String>().Utf8Value());
+    check_simd(name);
   } catch (const dki::Error& e) {
     throw Napi::Error::New(env, e.what());
   }
+  g_settings.request([name] { set_simd(name); });
   return env.Undefined();
 }
 
@@ -982,8 +1031,7 @@ Napi::Value SetPrefetch(const Napi::CallbackInfo& info) {
   const double bytes = info[0].As<Napi::Number>().DoubleValue();
   if (!std::isfinite(bytes) || bytes != std::floor(bytes) || bytes < 0 || bytes > kMaxPrefetchBytes)
     throw Napi::RangeError::New(env, "setPrefetch: bytes must be an integer from 0 to " + std::to_string(kMaxPrefetchBytes));
-  std::lock_guard<std::mutex> lock(g_compute);
-  set_prefetch_bytes(int(bytes));
+  g_settings.request([bytes] { set_prefetch_bytes(int(bytes)); });
   return env.Undefined();
 }
 
@@ -992,8 +1040,7 @@ Napi::Value SetDecodeStreams(const Napi::CallbackInfo& info) {
   if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setDecodeStreams(streams: number)");
   const double n = info[0].As<Napi::Number>().DoubleValue();
   if (n != 1 && n != 2) throw Napi::RangeError::New(env, "setDecodeStreams: streams must be 1 or 2");
-  std::lock_guard<std::mutex> lock(g_compute);
-  set_decode_streams(int(n));
+  g_settings.request([n] { set_decode_streams(int(n)); });
   return env.Undefined();
 }
 

@@ -50,6 +50,33 @@ describe("threads and lifetimes", () => {
   });
 });
 
+describe("engine settings", () => {
+  test("setThreads and setSimd during a running eval return at once (the JS thread used to wait for the eval) and hold from when it ends", async () => {
+    const before = addon.getThreads();
+    const ctx = new addon.NativeContext(model, 6000);
+    try {
+      const running = ctx.eval(tokens(6000), 0); // ~0.5 s on this fixture
+      await new Promise((r) => setTimeout(r, 30));
+      const t0 = performance.now();
+      addon.setThreads(1);
+      addon.setSimd("scalar");
+      expect(performance.now() - t0).toBeLessThan(100); // waiting for the eval would take ~0.45 s
+      expect(addon.getThreads()).toBe(before); // the running eval keeps its pool
+      await running;
+      expect(addon.getThreads()).toBe(1);
+      expect(addon.simd().active).toBe("scalar");
+    } finally {
+      ctx.dispose();
+      addon.setThreads(0);
+      addon.setSimd("auto");
+    }
+  });
+
+  test("a SIMD path the CPU cannot run is refused when asked for, not later", () => {
+    expect(() => addon.setSimd("sse9")).toThrow(/sse9/);
+  });
+});
+
 describe("cancel", () => {
   test("a cancel on the eval's own tick or while it waits stops it, and a cancelled eval leaves the context as it was", async () => {
     const a = new addon.NativeContext(model, 2048);

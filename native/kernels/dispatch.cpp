@@ -126,6 +126,8 @@ const Kernels& kernels() { return *active().load(std::memory_order_relaxed); }
 
 void set_simd(const std::string& name) { active().store(pick(name)); }
 
+void check_simd(const std::string& name) { pick(name); }
+
 const std::string& simd_env_error() {
   active();
   prefetch();

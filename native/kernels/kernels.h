@@ -55,6 +55,8 @@ bool amx_enable();
 const Kernels& kernels();
 // Selects a path by name ("auto", "scalar", "avx2", "avx512", "amx"); throws if the CPU cannot run it.
 void set_simd(const std::string& name);
+// Throws what set_simd(name) would, without switching.
+void check_simd(const std::string& name);
 // Why DKI_SIMD or DKI_PREFETCH could not be honoured ("" when they were, or are unset).
 const std::string& simd_env_error();
 // Names of the paths this CPU can run, best last.

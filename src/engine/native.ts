@@ -133,6 +133,11 @@ export interface NativeAddon {
   concatBlocks(model: NativeModelHandle, blocks: NativeKVBlockHandle[]): Promise<NativeKVBlockHandle>;
   /** deviceIndex ≥ 0: decoded on that GPU into a device block (CUDA builds). */
   deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array, deviceIndex?: number): Promise<NativeKVBlockHandle>;
+  /**
+   * Engine settings (setThreads, setSimd, setPrefetch, setDecodeStreams) are checked at once and
+   * take effect when no eval, load or block conversion is running: at once when idle, else when
+   * the running work ends. The calling thread never waits for that work.
+   */
   setThreads(n: number): void;
   getThreads(): number;
   /**
