@@ -1,7 +1,8 @@
 // The generation loop: sampling, streaming, stop conditions, cancellation, and not blocking Node.
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
-import { LogitsMode, native } from "../src/engine/native.js";
+import { runGeneration } from "../src/engine/generate.js";
+import { LogitsMode, native, type NativeContextHandle } from "../src/engine/native.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { tempDir } from "./support/paths.js";
 
@@ -51,6 +52,26 @@ describe("generation", () => {
     const greedy = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false });
     const k1 = await model.generate("Hello", { maxNewTokens: 16, stopOnEos: false, sampling: { temperature: 0.7, topK: 1, seed: 5 } });
     expect(k1.tokens).toEqual(greedy.tokens);
+  });
+
+  test("samples follow softmax(logits / T), restricted to the top-k ids or the smallest set holding top-p of the mass", () => {
+    const logits = Float32Array.from([2, 1, 0, -1]);
+    const frequencies = (params: { temperature: number; topK: number; topP: number }) => {
+      const s = new (native().NativeSampler)({ ...params, repetitionPenalty: 1, seed: 11 });
+      const counts = [0, 0, 0, 0];
+      for (let i = 0; i < 20000; i++) counts[s.sample(logits, new Int32Array(0))]++;
+      return counts.map((c) => c / 20000);
+    };
+    const softmax = (xs: number[]) => {
+      const e = xs.map(Math.exp);
+      const z = e.reduce((a, b) => a + b, 0);
+      return e.map((x) => x / z);
+    };
+    const near = (got: number[], want: number[]) => got.forEach((g, i) => expect(Math.abs(g - want[i]), `id ${i}: ${g} vs ${want[i]}`).toBeLessThan(0.015));
+    near(frequencies({ temperature: 1, topK: 0, topP: 1 }), softmax([2, 1, 0, -1])); // the whole distribution, unsorted
+    near(frequencies({ temperature: 2, topK: 0, topP: 1 }), softmax([1, 0.5, 0, -0.5]));
+    near(frequencies({ temperature: 1, topK: 2, topP: 1 }), [...softmax([2, 1]), 0, 0]);
+    near(frequencies({ temperature: 1, topK: 0, topP: 0.7 }), [...softmax([2, 1]), 0, 0]); // 0.64 alone is short of 0.7
   });
 
   test("repetition penalty follows the HF convention (positive logits divided, negative multiplied, once per token)", () => {
@@ -165,5 +186,57 @@ describe("Node stays responsive", () => {
     const p = model.generate("abort me", { maxNewTokens: 200, stopOnEos: false, signal: ac.signal, onToken: () => ++n === 5 && ac.abort() });
     await expect(p).rejects.toThrow(/abort/i);
     expect(n).toBeLessThan(10);
+  });
+});
+
+describe("the loop on chosen tokens", () => {
+  /** A context whose every eval makes seq[step] the likeliest next token (and `runnerUp` the next). */
+  function forced(seq: number[], runnerUp = -1): NativeContextHandle {
+    let step = 0;
+    const ctx = {
+      nPast: 0,
+      maxTokens: 1000,
+      async eval(tokens: Int32Array, _mode: LogitsMode, out?: Float32Array) {
+        ctx.nPast += tokens.length;
+        out!.fill(0);
+        if (runnerUp >= 0) out![runnerUp] = 9.9;
+        out![seq[Math.min(step++, seq.length - 1)]] = 10;
+        return out!;
+      },
+      cancel() {},
+    };
+    return ctx as unknown as NativeContextHandle;
+  }
+  const lone = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+  test("streamed pieces never split an emoji, even while a stop string holds text back", async () => {
+    const ids = model.tokenizer.encode("ab😀cd😀ef", { addSpecialTokens: false });
+    const pieces: string[] = [];
+    const r = await runGeneration(model, forced(ids), [1], { maxNewTokens: ids.length, stopOnEos: false, stop: ["zz"], onToken: (t) => pieces.push(t) }, 0);
+    expect(r.text).toBe("ab😀cd😀ef");
+    expect(pieces.join("")).toBe(r.text);
+    for (const p of pieces) expect(p, JSON.stringify(p)).not.toMatch(lone);
+  });
+
+  test("ids the tokenizer cannot decode (a model's padded vocabulary) are never sampled", async () => {
+    const dir = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, seed: 11, overrides: { vocabSize: 49200 } });
+    const padded = await Model.load(dir, { contextSize: 64 });
+    try {
+      expect(padded.tokenizer.undecodableIds(49200)).toHaveLength(48);
+      const r = await runGeneration(padded, forced([49170], 7), [1], { maxNewTokens: 3, stopOnEos: false }, 0);
+      expect(r.tokens).toEqual([7, 7, 7]);
+    } finally {
+      padded.dispose();
+    }
+  });
+
+  test("repetitionWindow 0 penalises nothing; 1 the last token; negative or fractional windows are refused", async () => {
+    const run = (repetitionWindow: number) =>
+      runGeneration(model, forced([5], 6), [5], { maxNewTokens: 1, stopOnEos: false, sampling: { repetitionPenalty: 2, repetitionWindow } }, 0);
+    expect((await run(0)).tokens).toEqual([5]);
+    expect((await run(1)).tokens).toEqual([6]); // 10 / 2 < 9.9
+    await expect(run(-1)).rejects.toThrow(/repetitionWindow must be a non-negative integer, got -1/);
+    await expect(run(1.5)).rejects.toThrow(/repetitionWindow must be a non-negative integer, got 1.5/);
   });
 });

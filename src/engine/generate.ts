@@ -11,7 +11,7 @@ export interface SamplingOptions {
   topK?: number;
   topP?: number;
   repetitionPenalty?: number;
-  /** How many recent tokens the repetition penalty looks at (default 64). */
+  /** How many recent tokens (prompt included) the repetition penalty looks at (default 64; 0: none). */
   repetitionWindow?: number;
   seed?: number;
 }
@@ -48,6 +48,10 @@ export interface GenerateResult {
   tokens: number[];
   finishReason: FinishReason;
   stats: GenerationStats;
+}
+
+function isHighSurrogate(c: number): boolean {
+  return c >= 0xd800 && c <= 0xdbff;
 }
 
 /** Shannon entropy (nats) of softmax(logits). */
@@ -116,6 +120,9 @@ export async function runGeneration(
   const eos = new Set(opts.stopOnEos === false ? [] : [...model.tokenizer.eosIds, ...model.config.eosTokenIds]);
   const sampler = new (native().NativeSampler)(samplingParams(opts.sampling));
   const window = opts.sampling?.repetitionWindow ?? 64;
+  if (!Number.isInteger(window) || window < 0) throw new DkiArgumentError(`repetitionWindow must be a non-negative integer, got ${window}`);
+  const recent = (history: number[]) => Int32Array.from(window === 0 ? [] : history.slice(-window));
+  const undecodable = model.tokenizer.undecodableIds(model.config.vocabSize);
   if (ctx.nPast + prompt.length > ctx.maxTokens) {
     throw new DkiArgumentError(`the prompt has ${prompt.length} tokens, more than the ${ctx.maxTokens - ctx.nPast} free positions of the context window`);
   }
@@ -125,7 +132,8 @@ export async function runGeneration(
   const logits = new Float32Array(model.config.vocabSize);
   await evalAbortable(ctx, prompt, LogitsMode.Last, opts.signal, logits);
   const prefillMs = performance.now() - t0;
-  const firstTokenEntropy = entropy(logits);
+  // The model's own distribution, before the ids that cannot become text are masked below.
+  let firstTokenEntropy = maxNew === 0 ? entropy(logits) : 0;
 
   const history = [...prompt];
   const tokens: number[] = [];
@@ -144,9 +152,15 @@ export async function runGeneration(
     }
   };
 
+  let decodeEvals = 0;
   for (let i = 0; i < maxNew; i++) {
-    const id = sampler.sample(logits, Int32Array.from(history.slice(-window)));
-    if (i === 0) ttft = performance.now() - t0;
+    const firstLogits = i === 0 ? logits.slice() : null;
+    for (const u of undecodable) logits[u] = -Infinity;
+    const id = sampler.sample(logits, recent(history));
+    if (i === 0) {
+      ttft = performance.now() - t0;
+      firstTokenEntropy = entropy(firstLogits!); // after the clock: not part of the time to first token
+    }
     if (eos.has(id)) {
       finishReason = "eos";
       break;
@@ -161,21 +175,24 @@ export async function runGeneration(
       finishReason = "stop";
       break;
     }
-    emit(Math.max(emitted, text.length - holdBack), id);
+    // Held back for stop strings; never half of a surrogate pair (an emoji), which a terminal
+    // would print as two replacement characters.
+    let upTo = Math.max(emitted, text.length - holdBack);
+    if (upTo > emitted && upTo < text.length && isHighSurrogate(text.charCodeAt(upTo - 1))) upTo--;
+    emit(upTo, id);
     if (i === maxNew - 1) break;
     if (ctx.nPast >= ctx.maxTokens) {
       finishReason = "context";
       break;
     }
     await evalAbortable(ctx, [id], LogitsMode.Last, opts.signal, logits);
+    decodeEvals++;
   }
   if (finishReason !== "stop") {
     text += decoder.flush();
     emit(text.length, tokens[tokens.length - 1] ?? -1);
   }
   const decodeMs = performance.now() - tDecode;
-  // The first sampled token needs no decode step; only the evals after it count.
-  const decodeSteps = Math.max(0, tokens.length - 1);
   return {
     text,
     tokens,
@@ -187,7 +204,7 @@ export async function runGeneration(
       prefillMs,
       prefillTokPerS: prompt.length / (prefillMs / 1000),
       decodeMs,
-      decodeTokPerS: decodeSteps > 0 ? decodeSteps / (decodeMs / 1000) : 0,
+      decodeTokPerS: decodeEvals > 0 ? decodeEvals / (decodeMs / 1000) : 0,
       timeToFirstTokenMs: ttft,
       firstTokenEntropy,
     },

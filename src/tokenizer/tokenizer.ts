@@ -285,6 +285,21 @@ export class Tokenizer {
     };
   }
 
+  /**
+   * Ids below `limit` (the model's vocabulary) that this tokenizer cannot decode: a model may have
+   * more output rows than tokens (padded embeddings), and generation must never sample those.
+   */
+  undecodableIds(limit: number): readonly number[] {
+    let out = this.undecodable.get(limit);
+    if (!out) {
+      out = [];
+      for (let id = 0; id < limit; id++) if (id >= this.vocabSize || this.hf.id_to_token(id) === undefined) out.push(id);
+      this.undecodable.set(limit, out);
+    }
+    return out;
+  }
+  private readonly undecodable = new Map<number, number[]>();
+
   private checkIds(ids: ArrayLike<number>): number[] {
     const out = Array.from(ids);
     for (const id of out) {
