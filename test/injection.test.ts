@@ -61,6 +61,12 @@ describe("identities", () => {
     const prompt60 = Array.from({ length: 60 }, (_, i) => 200 + i);
     // 60 memory + 60 prompt tokens > 64-token window: fine, the window is the prompt's alone.
     expect((await model.logits(prompt60, { segments: [{ kv }] })).length).toBe(60);
+    // Nor does a memory longer than the window (its block gets a context of its own).
+    const longer = await model.computeBlock(Array.from({ length: 100 }, (_, i) => 300 + i));
+    expect(longer.nTokens).toBe(100);
+    expect((await model.logits(prompt60, { segments: [{ kv: longer }] })).length).toBe(60);
+    await expect(model.computeBlock([])).rejects.toThrow(/^the memory is empty$/);
+    await expect(model.computeBlock([1, 2], { prefix: [1e9] })).rejects.toThrow(/token id 1000000000 is outside the vocabulary/);
   });
 });
 

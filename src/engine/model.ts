@@ -28,6 +28,9 @@ export interface Segment {
  */
 export type PositionStrategy = "negative" | "prefix";
 
+/** Tokens a K/V block holds at most (native/kv_ops.cpp). */
+export const MAX_BLOCK_TOKENS = 1 << 22;
+
 export interface InjectionOptions {
   segments?: Segment[];
   positions?: PositionStrategy;
@@ -212,8 +215,9 @@ export class Model {
     const prefix = opts.prefix ?? [];
     const startPos = opts.startPos ?? 0;
     if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
-    this.checkTokens(tokens);
-    if (prefix.length > 0) this.checkTokens(prefix);
+    // The block's own context is made to fit it: the model's context window does not bound it.
+    this.checkTokens(tokens, "the memory", MAX_BLOCK_TOKENS);
+    if (prefix.length > 0) this.checkTokens(prefix, "the prefix", MAX_BLOCK_TOKENS);
     const onDevice = opts.onDevice ?? false;
     if (onDevice && this.info.device !== "cuda") throw new DkiArgumentError('onDevice: the model runs on the CPU; K/V blocks live on a GPU only for a model loaded with device "cuda"');
     const ctx = this.createContext(prefix.length + tokens.length);
@@ -326,10 +330,12 @@ export class Model {
     return this.withInjection(opts, (ctx, segmentTokens) => runGeneration(this, ctx, prompt, opts, segmentTokens));
   }
 
-  checkTokens(tokens: number[]): void {
-    if (tokens.length === 0) throw new DkiArgumentError("the prompt is empty");
-    if (tokens.length > this.contextSize) {
-      throw new DkiArgumentError(`the prompt has ${tokens.length} tokens, more than the ${this.contextSize}-token context window`);
+  /** Token ids for `what` ("the prompt", "the memory"): not empty, at most `limit`, in the vocabulary. */
+  checkTokens(tokens: number[], what = "the prompt", limit = this.contextSize): void {
+    if (tokens.length === 0) throw new DkiArgumentError(`${what} is empty`);
+    if (tokens.length > limit) {
+      const bound = limit === this.contextSize ? `the ${limit}-token context window` : `the ${limit} tokens a K/V block holds`;
+      throw new DkiArgumentError(`${what} has ${tokens.length} tokens, more than ${bound}`);
     }
     const V = this.config.vocabSize;
     for (const t of tokens) {
