@@ -2,6 +2,8 @@
 import { copyFileSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, test } from "vitest";
+import { writeGguf, type GgufEntry } from "../src/formats/gguf.js";
+import { readGgufModel } from "../src/formats/gguf-model.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { readSafetensorsHeader } from "../src/formats/safetensors.js";
 import { LogitsMode, native } from "../src/engine/native.js";
@@ -97,5 +99,35 @@ describe("the native loader re-checks what TypeScript passes it", async () => {
   });
   test("invalid config", async () => {
     await expect(native().loadModel({ config: { ...files.config, numKvHeads: 3 }, tensors: files.tensors })).rejects.toThrow(/multiple of/);
+  });
+});
+
+describe("shapes beyond what the engine takes are refused before any work sized by them", () => {
+  test("a 300-byte GGUF claiming 2^31 - 1 layers, and an HF config claiming 5 million (each used to take gigabytes and most of a minute)", async () => {
+    const file = join(tempDir(), "layers.gguf");
+    const u32 = (value: number) => ({ type: "u32", value }) as const;
+    await writeGguf(file, {
+      metadata: new Map<string, GgufEntry>([
+        ["general.architecture", { type: "string", value: "llama" }],
+        ["llama.embedding_length", u32(64)],
+        ["llama.attention.head_count", u32(4)],
+        ["llama.feed_forward_length", u32(128)],
+        ["llama.block_count", u32(2 ** 31 - 1)],
+        ["llama.context_length", u32(256)],
+        ["llama.vocab_size", u32(512)],
+        ["llama.attention.layer_norm_rms_epsilon", { type: "f32", value: 1e-5 }],
+      ]),
+      tensors: [],
+    });
+    const t0 = performance.now();
+    await expect(readGgufModel(file)).rejects.toThrow(/layers\.gguf: layer count 2147483647 is more than the engine takes \(1024\)/);
+    const dir = tempDir();
+    for (const f of ["model.safetensors", "tokenizer.json"]) copyFileSync(join(hfLlamaTiny, f), join(dir, f));
+    const config = JSON.parse(readFileSync(join(hfLlamaTiny, "config.json"), "utf8")) as Record<string, unknown>;
+    writeFileSync(join(dir, "config.json"), JSON.stringify({ ...config, num_hidden_layers: 5_000_000 }));
+    await expect(readHfFolder(dir)).rejects.toThrow(/config\.json: layer count 5000000 is more than the engine takes \(1024\)/);
+    writeFileSync(join(dir, "config.json"), JSON.stringify({ ...config, rms_norm_eps: 1e-50 }));
+    await expect(readHfFolder(dir)).rejects.toThrow(/rms_norm_eps 1e-50 must be from/); // 0 once cast to float32
+    expect(performance.now() - t0).toBeLessThan(5000);
   });
 });

@@ -4,7 +4,7 @@
 // (ropeInterleaved), while qwen2 files use rotate-half and unpermuted rows like HF.
 import { closeSync, openSync, readSync } from "node:fs";
 import { FormatError } from "../errors.js";
-import { expectedTensors, type Arch, type Llama3RopeScaling, type ModelConfig } from "./hf-config.js";
+import { checkConfigLimits, expectedTensors, type Arch, type Llama3RopeScaling, type ModelConfig } from "./hf-config.js";
 import { GgmlType, GgufMeta, readGguf, type GgufFile, type GgufTensorInfo } from "./gguf.js";
 import type { TensorInfo } from "./safetensors.js";
 
@@ -146,6 +146,7 @@ export async function readGgufModel(file: string, opts: ReadGgufModelOptions = {
     ropeInterleaved: arch === "llama",
   };
 
+  checkConfigLimits(config, fail);
   const freqs = byName.get("rope_freqs.weight");
   if (freqs) config.ropeScaling = llama3ScalingFromFactors(file, readRopeFactors(file, freqs, headDim / 2), ropeTheta, headDim);
 

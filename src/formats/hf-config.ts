@@ -90,7 +90,7 @@ export function parseHfConfig(raw: unknown, file = "config.json"): ModelConfig {
   const eosTokenIds = Array.isArray(eos) ? eos.filter((x): x is number => typeof x === "number") : typeof eos === "number" ? [eos] : [];
   const hidden = c.hidden_act ?? "silu";
   if (hidden !== "silu") fail(`hidden_act ${JSON.stringify(hidden)} is not supported (silu)`);
-  return {
+  const config: ModelConfig = {
     arch: modelType,
     vocabSize: int("vocab_size"),
     hiddenSize,
@@ -108,6 +108,46 @@ export function parseHfConfig(raw: unknown, file = "config.json"): ModelConfig {
     bosTokenId: typeof c.bos_token_id === "number" ? c.bos_token_id : null,
     eosTokenIds,
   };
+  checkConfigLimits(config, fail);
+  return config;
+}
+
+/**
+ * The largest shapes the engine takes (native/model.cpp check_config says the same; far above any
+ * released model): a file claiming more is refused before any work sized by them, such as the
+ * list of expected tensors (a 390-byte GGUF claiming 2^31 layers used to take 2.6 GB and 45 s).
+ */
+const SHAPE_LIMITS: Readonly<Record<keyof ModelShape, number>> = {
+  vocabSize: 1 << 24,
+  hiddenSize: 1 << 17,
+  intermediateSize: 1 << 19,
+  numLayers: 1024,
+  numHeads: 1024,
+  numKvHeads: 1024,
+  headDim: 1024,
+};
+const SHAPE_NAMES: Readonly<Record<keyof ModelShape, string>> = {
+  vocabSize: "vocabulary size",
+  hiddenSize: "hidden size",
+  intermediateSize: "MLP width",
+  numLayers: "layer count",
+  numHeads: "attention head count",
+  numKvHeads: "K/V head count",
+  headDim: "head size",
+};
+const FLOAT32_MAX = 3.4028234663852886e38;
+const FLOAT32_MIN_NORMAL = 1.1754943508222875e-38;
+
+/** Refuses a config the engine cannot run, naming the field; `fail` raises the file's FormatError. */
+export function checkConfigLimits(cfg: ModelConfig, fail: (msg: string) => never): void {
+  for (const [key, max] of Object.entries(SHAPE_LIMITS) as [keyof ModelShape, number][]) {
+    if (cfg[key] > max) fail(`${SHAPE_NAMES[key]} ${cfg[key]} is more than the engine takes (${max})`);
+  }
+  if (cfg.numHeads * cfg.headDim > 1 << 18) fail(`heads × head size = ${cfg.numHeads * cfg.headDim} is more than the engine takes (${1 << 18})`);
+  // Both go to the engine as float32: they must stay positive and finite there.
+  if (!(cfg.rmsNormEps >= FLOAT32_MIN_NORMAL && cfg.rmsNormEps <= 1)) fail(`rms_norm_eps ${cfg.rmsNormEps} must be from ${FLOAT32_MIN_NORMAL} to 1`);
+  if (!(cfg.ropeTheta <= FLOAT32_MAX)) fail(`rope_theta ${cfg.ropeTheta} is not a finite float32`);
+  if (cfg.maxPositionEmbeddings > 2 ** 32 - 1) fail(`max_position_embeddings ${cfg.maxPositionEmbeddings} does not fit 32 bits`);
 }
 
 /** Expected HF tensor names and shapes for a config; the loader checks the files against this. */
