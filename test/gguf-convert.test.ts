@@ -1,9 +1,9 @@
 // HF folder → GGUF conversion: llama.cpp's metadata, q/k row permutation, Q8_0 quantisation
 // and F16 rounding, Llama 3 rope_freqs, the `dki models convert` / `info` commands.
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
+import { readdirSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
-import { GgmlType, GgufMeta, readGguf, type GgufFile } from "../src/formats/gguf.js";
+import { GgmlType, GgufMeta, readGguf, writeGguf, type GgufFile } from "../src/formats/gguf.js";
 import { readGgufModel } from "../src/formats/gguf-model.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { convertHfToGguf, quantizeQ8_0 } from "../src/models/convert.js";
@@ -219,6 +219,26 @@ describe("metadata", () => {
     await expect(convertHfToGguf({ dir, out: join(dir, "x.gguf"), type: "f16" })).rejects.toThrow(/config\.json/);
     // the committed fixture has a word-level tokenizer: no GGUF form
     await expect(convertHfToGguf({ dir: hfLlamaTiny, out: join(dir, "y.gguf"), type: "f16" })).rejects.toThrow(/only byte-level BPE tokenizers convert/);
+  });
+});
+
+describe("writing the file", () => {
+  test("an output that is one of the model's own files is refused; a failed write leaves the previous file whole and no temporary behind", async () => {
+    const dir = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, seed: 3 });
+    const weights = readFileSync(join(dir, "model.safetensors"));
+    await expect(convertHfToGguf({ dir, out: join(dir, "model.safetensors"), type: "f16" })).rejects.toThrow(
+      /the output .*model\.safetensors is one of the model's own files \(model\.safetensors\); write the GGUF elsewhere/,
+    );
+    expect(readFileSync(join(dir, "model.safetensors")).equals(weights)).toBe(true);
+
+    const out = join(tempDir(), "m.gguf");
+    await convertHfToGguf({ dir, out, type: "f16" });
+    const good = readFileSync(out);
+    const failing = { name: "t", type: GgmlType.F32, dims: [4], data: () => [new Uint8Array(8)] }; // 8 of 16 bytes
+    await expect(writeGguf(out, { metadata: new Map(), tensors: [failing] })).rejects.toThrow(/produced only 8 bytes/);
+    expect(readFileSync(out).equals(good)).toBe(true);
+    expect(readdirSync(dirname(out))).toEqual(["m.gguf"]);
   });
 });
 

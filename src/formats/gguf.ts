@@ -3,7 +3,8 @@
 // length — first, ggml type, offset into the data section), then the aligned tensor data.
 // The header is read incrementally through a file handle (multi-GB files are never read whole)
 // and every count, length and offset is checked against the file size before it is trusted.
-import { open, stat } from "node:fs/promises";
+import { open, rename, stat, unlink } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
 import { FormatError } from "../errors.js";
 
 // ---------------------------------------------------------------------------------------------
@@ -574,7 +575,11 @@ export async function writeGguf(file: string, spec: GgufToWrite): Promise<void> 
   out.push(Buffer.alloc(pad(out.length)));
   const header = out.concat();
 
-  const fh = await open(file, "w");
+  // Written beside the target and renamed over it once complete and on disk: a failed or
+  // interrupted write leaves any previous file whole (and a process that maps it unharmed).
+  const tmp = join(dirname(file), `.${basename(file)}.${process.pid}.${Date.now()}.tmp`);
+  const fh = await open(tmp, "wx");
+  let complete = false;
   try {
     let pos = 0;
     const write = async (b: Uint8Array) => {
@@ -598,7 +603,16 @@ export async function writeGguf(file: string, spec: GgufToWrite): Promise<void> 
       if (written !== sizes[i]) throw new Error(`gguf: tensor "${t.name}" produced ${written > sizes[i] ? "more than" : "only"} ${written} bytes, ${ggmlTypeName(t.type)} [${t.dims.join(", ")}] needs ${sizes[i]}`);
       await write(Buffer.alloc(pad(sizes[i])));
     }
+    await fh.sync();
+    complete = true;
   } finally {
     await fh.close();
+    if (!complete) await unlink(tmp).catch(() => {});
+  }
+  try {
+    await rename(tmp, file);
+  } catch (e) {
+    await unlink(tmp).catch(() => {});
+    throw e;
   }
 }

@@ -3,7 +3,7 @@
 // (interleaved rotary pairs), byte-level BPE tokenizer and Q8_0 quantisation (bit-exact with
 // quantize_row_q8_0_ref). Tensors are streamed a chunk of rows at a time: memory stays small
 // at any model size.
-import { open, readFile, stat, type FileHandle } from "node:fs/promises";
+import { open, readFile, realpath, stat, type FileHandle } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
 import { DkiArgumentError, FormatError } from "../errors.js";
 import { GgmlType, writeGguf, type GgufEntry, type GgufTensorToWrite } from "../formats/gguf.js";
@@ -187,6 +187,15 @@ export function permutedSourceRow(row: number, headDim: number): number {
 }
 
 /** llama.cpp's quantize_row_q8_0_ref, bit for bit: d = amax/127 as fp16, q = roundf(x/d), all in float32. */
+/** A GGUF written over one of the files it is made from would destroy the source model. */
+async function refuseOverwritingInput(out: string, inputs: string[]): Promise<void> {
+  const real = (f: string) => realpath(f).catch(() => resolve(f));
+  const target = await real(out);
+  for (const f of inputs) {
+    if ((await real(f)) === target) throw new DkiArgumentError(`convert: the output ${out} is one of the model's own files (${basename(f)}); write the GGUF elsewhere`);
+  }
+}
+
 export function quantizeQ8_0(x: Float32Array, out: Uint8Array, outOffset = 0): void {
   if (x.length % 32 !== 0) throw new Error(`Q8_0 needs a multiple of 32 values, got ${x.length}`);
   let o = outOffset;
@@ -298,6 +307,7 @@ async function* tensorChunks(fh: FileHandle, t: TensorInfo, outType: number, per
 export async function convertHfToGguf(opts: ConvertOptions): Promise<ConvertResult> {
   if (!GGUF_OUT_TYPES.includes(opts.type)) throw new DkiArgumentError(`convert: unknown type "${String(opts.type)}" (${GGUF_OUT_TYPES.join(", ")})`);
   const hf = await readHfFolder(opts.dir);
+  await refuseOverwritingInput(opts.out, [...hf.tensors.map((t) => t.file), ...["config.json", "tokenizer.json", "tokenizer_config.json"].map((f) => join(opts.dir, f))]);
   const c = hf.config;
   const arch = c.arch === "qwen2" ? "qwen2" : "llama"; // llama.cpp converts Mistral as llama
   const { entries: tokEntries, pre } = opts.tokenizer === false ? { entries: [], pre: "" } : await tokenizerMetadata(opts.dir, c);
