@@ -140,6 +140,19 @@ describe("other tokenizer.ggml forms", () => {
     expect(tok.decode(z)).toBe("z");
   });
 
+  test("a SentencePiece piece longer than 1024 characters is refused at once (deriving its merges took minutes at 30000)", async () => {
+    const long = "a".repeat(30000);
+    const t0 = performance.now();
+    await expect(
+      tokenizerFrom([
+        ["tokenizer.ggml.model", { type: "string", value: "llama" }],
+        ["tokenizer.ggml.tokens", { type: "array", itemType: "string", value: ["<unk>", "a", "aa", long] }],
+        ["tokenizer.ggml.scores", { type: "array", itemType: "f32", value: [0, 0, 0, 0] }],
+      ]),
+    ).rejects.toThrow(/tokenizer\.ggml\.tokens\[3\] is 30000 characters long; SentencePiece pieces of more than 1024 are not supported/);
+    expect(performance.now() - t0).toBeLessThan(2000);
+  });
+
   test("missing or unsupported tokenizer metadata is a FormatError", async () => {
     const file = join(tempDir(), "t.gguf");
     await writeGguf(file, { metadata: { "tokenizer.ggml.model": { type: "string", value: "bert" } }, tensors: [] });

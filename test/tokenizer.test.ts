@@ -342,3 +342,20 @@ describe("other tokenizers and errors", () => {
     await expect(Tokenizer.fromFile(missing, join(dir, "absent.json"))).rejects.toThrow(/absent\.json: cannot read/);
   });
 });
+
+describe("hostile tokenizer.json", () => {
+  test("a token id beyond 2^24 - 1 is refused by name (one id of 2^31 - 1 made the load hang), and so is a fractional one", () => {
+    const base = JSON.parse(readFileSync(join(hfLlamaTiny, "tokenizer.json"), "utf8")) as { model: { vocab: Record<string, number> }; added_tokens: object[] };
+    const json = (vocab: Record<string, number>, added: { id: number; content: string }[] = []) => ({
+      ...base,
+      model: { ...base.model, vocab: { ...base.model.vocab, ...vocab } },
+      added_tokens: [...base.added_tokens, ...added.map((t) => ({ ...t, special: true, single_word: false, lstrip: false, rstrip: false, normalized: false }))],
+    });
+    const t0 = performance.now();
+    expect(() => Tokenizer.fromJson(json({ zzzz: 2 ** 31 - 1 }), "t.json")).toThrow(/t\.json: vocabulary entry "zzzz" has id 2147483647; ids must be integers from 0 to 16777215/);
+    expect(() => Tokenizer.fromJson(json({}, [{ id: 4e9, content: "<x>" }]), "t.json")).toThrow(/added token "<x>" has id 4000000000/);
+    expect(() => Tokenizer.fromJson(json({ zzzz: 1.5 }), "t.json")).toThrow(FormatError);
+    expect(performance.now() - t0).toBeLessThan(1000);
+    expect(Tokenizer.fromJson(json({}), "t.json").vocabSize).toBeGreaterThan(0);
+  });
+});

@@ -122,7 +122,7 @@ export function ggufTokenizerJson(meta: GgufMeta): { json: Json; config: Json } 
     const unkToken = unk !== null ? tokens[unk] : null;
     modelJson = {
       type: "BPE", dropout: null, unk_token: unkToken, continuing_subword_prefix: null, end_of_word_suffix: null,
-      fuse_unk: true, byte_fallback: true, ignore_merges: false, vocab, merges: spmMerges(tokens, scores, vocab),
+      fuse_unk: true, byte_fallback: true, ignore_merges: false, vocab, merges: spmMerges(tokens, scores, vocab, meta.file),
     };
     const addSpacePrefix = meta.bool("tokenizer.ggml.add_space_prefix") ?? true;
     normalizer = {
@@ -182,17 +182,28 @@ export function ggufTokenizerJson(meta: GgufMeta): { json: Json; config: Json } 
   return { json, config };
 }
 
+const MAX_SPM_PIECE = 1024;
+
 /**
  * BPE merges for a SentencePiece vocabulary from its scores, as transformers'
  * SentencePieceExtractor derives them: every split of a piece into two pieces of the vocabulary,
  * ordered by the score of the merged piece (highest first), ties by the pieces' ids.
  */
-function spmMerges(tokens: string[], scores: number[], vocab: Record<string, number>): [string, string][] {
+function spmMerges(tokens: string[], scores: number[], vocab: Record<string, number>, file: string): [string, string][] {
+  // Splits are looked up only at lengths some piece has, and pieces are bounded, so a hostile
+  // vocabulary cannot make this quadratic in a piece's length (a 30 KB file took minutes).
+  const lengths = new Set<number>();
+  tokens.forEach((piece, i) => {
+    const n = [...piece].length;
+    if (n > MAX_SPM_PIECE) throw new FormatError(file, `tokenizer.ggml.tokens[${i}] is ${n} characters long; SentencePiece pieces of more than ${MAX_SPM_PIECE} are not supported`);
+    lengths.add(n);
+  });
   const merges: { l: string; r: string; score: number }[] = [];
   tokens.forEach((piece, i) => {
     const chars = [...piece];
     const local: { l: string; r: string; score: number; il: number; ir: number }[] = [];
     for (let k = 1; k < chars.length; k++) {
+      if (!lengths.has(k) || !lengths.has(chars.length - k)) continue;
       const l = chars.slice(0, k).join("");
       const r = chars.slice(k).join("");
       const il = vocab[l];

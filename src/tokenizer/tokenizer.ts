@@ -82,6 +82,26 @@ function idList(v: unknown): number[] {
   return [];
 }
 
+/** Token ids the engine takes (a model's vocabulary is bounded the same way). */
+const MAX_TOKEN_ID = (1 << 24) - 1;
+
+/**
+ * Every id of the vocabulary and the added tokens is an integer from 0 to MAX_TOKEN_ID: the
+ * tokenizers library sizes its tables by the largest id, so one entry of 2^31 - 1 hung the load.
+ */
+function checkTokenIds(json: Json, model: Json, file: string): void {
+  const check = (id: unknown, what: string) => {
+    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id > MAX_TOKEN_ID) {
+      throw new FormatError(file, `${what} has id ${JSON.stringify(id)}; ids must be integers from 0 to ${MAX_TOKEN_ID}`);
+    }
+  };
+  const vocab = model.vocab;
+  if (vocab && typeof vocab === "object" && !Array.isArray(vocab)) {
+    for (const [token, id] of Object.entries(vocab as Json)) check(id, `vocabulary entry ${JSON.stringify(token).slice(0, 40)}`);
+  }
+  for (const t of (json.added_tokens as Json[] | undefined) ?? []) check(t?.id, `added token ${JSON.stringify(t?.content).slice(0, 40)}`);
+}
+
 export class Tokenizer {
   /** Ids the tokenizer knows: max id + 1 over the vocabulary and the added tokens (may be below the model's vocab_size). */
   readonly vocabSize: number;
@@ -179,6 +199,7 @@ export class Tokenizer {
       throw new FormatError(tokenizerJsonPath, "no \"model\" object: not a Hugging Face tokenizer.json");
     }
     if (json.added_tokens !== undefined && !Array.isArray(json.added_tokens)) throw new FormatError(tokenizerJsonPath, "added_tokens is not a list");
+    checkTokenIds(json, model, tokenizerJsonPath);
     // transformers has cleaned up spaces ("a ." → "a.") only on request for a while now; the JS port
     // defaults to doing it, which breaks decode(encode(x)) == x. Follow tokenizer_config, default off.
     const hfConfig: Json = {
