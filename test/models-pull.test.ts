@@ -1,7 +1,7 @@
 // `pullModel` against a local HTTP server (loopback only): full downloads, resuming an
 // interrupted transfer with a Range request, checksum and size checks, and clear errors.
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync } from "node:fs";
 import { readFile, stat, writeFile } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import { createServer as createNetServer } from "node:net";
@@ -24,6 +24,8 @@ interface Behaviour {
   dropAfter?: Record<string, number>;
   /** Answer Range requests with the whole file (200), as some servers do. */
   ignoreRange?: boolean;
+  /** Send the file and then this many bytes more, chunked (no Content-Length). */
+  oversend?: number;
 }
 
 let server: Server;
@@ -49,6 +51,12 @@ function handle(req: IncomingMessage, res: import("node:http").ServerResponse): 
     }
     res.writeHead(206, { "content-length": body.length - start, "content-range": `bytes ${start}-${body.length - 1}/${body.length}` });
     res.end(body.subarray(start));
+    return;
+  }
+  if (behaviour.oversend) {
+    res.writeHead(200);
+    res.write(body);
+    res.end(Buffer.alloc(behaviour.oversend, 7));
     return;
   }
   const drop = behaviour.dropAfter?.[name];
@@ -168,6 +176,22 @@ describe("pullModel", () => {
       if (saved === undefined) delete process.env.DKI_HUB_URL;
       else process.env.DKI_HUB_URL = saved;
     }
+  });
+
+  test("a body running past the file's size is cut off there and deleted, not written to the end", async () => {
+    const dir = tempDir();
+    behaviour = { oversend: 1 << 20 };
+    await expect(pullModel("test-model", { dir, baseUrl: hub, registry: registry() })).rejects.toThrow(/the server sent more than the \d+ bytes it announced; the download was deleted/);
+    expect(readdirSync(dir)).toEqual([]);
+  });
+
+  test("a registry given through the API cannot name a file outside the folder", async () => {
+    const parent = tempDir();
+    const dir = join(parent, "model");
+    const files = [{ name: "../escaped.txt", size: null, sha256: null }];
+    const bad: ModelRegistry = new Map([["bad", { name: "bad", repo: REPO, revision: "main", description: "", license: null, files }]]);
+    await expect(pullModel("bad", { dir, baseUrl: hub, registry: bad })).rejects.toThrow(/"\.\.\/escaped\.txt" is not a plain file name: refusing to write outside/);
+    expect(existsSync(join(parent, "escaped.txt"))).toBe(false);
   });
 
   test("HTTP errors name the URL and status", async () => {

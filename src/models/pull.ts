@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { findModel, loadRegistry, modelBaseUrl, type ModelRegistry, type RegistryFile } from "./registry.js";
+import { findModel, isPlainFileName, loadRegistry, modelBaseUrl, type ModelRegistry, type RegistryFile } from "./registry.js";
 
 export type PullProgress =
   | { type: "skip"; file: string; bytes: number }
@@ -63,6 +63,8 @@ export async function pullModel(name: string, opts: PullOptions): Promise<PullRe
 const fileSize = (p: string) => stat(p).then((s) => s.size, () => null);
 
 async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Promise<PulledFile> {
+  // A registry passed in through the API has not been through parseRegistry's checks.
+  if (!isPlainFileName(file.name)) throw new DownloadError(`${JSON.stringify(file.name)} is not a plain file name: refusing to write outside ${opts.dir}`);
   const emit = opts.onProgress ?? (() => {});
   const finalPath = join(opts.dir, file.name);
   const partPath = finalPath + ".part";
@@ -116,7 +118,7 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
     }
     total ??= file.size;
     emit({ type: "start", file: file.name, url, total, resumeFrom: have });
-    have = await receive(res, partPath, have, url, (received) => emit({ type: "data", file: file.name, received, total }));
+    have = await receive(res, partPath, have, url, total, (received) => emit({ type: "data", file: file.name, received, total }));
   }
 
   const expected = file.size ?? total;
@@ -147,13 +149,22 @@ async function request(url: string, from: number, fetchImpl: typeof fetch): Prom
   }
 }
 
-/** Appends the body to the .part file (or rewrites it when starting from 0); returns the bytes now on disk. */
-async function receive(res: Response, partPath: string, from: number, url: string, onData: (received: number) => void): Promise<number> {
+/**
+ * Appends the body to the .part file (or rewrites it when starting from 0); returns the bytes now
+ * on disk. A body that runs past `total` (when known) is cut off there: it cannot be this file,
+ * and a server that never stops must not fill the disk.
+ */
+async function receive(res: Response, partPath: string, from: number, url: string, total: number | null, onData: (received: number) => void): Promise<number> {
   const fh = await open(partPath, from > 0 ? "a" : "w");
   let received = from;
+  let over = false;
   try {
     if (!res.body) return received;
     for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
+      if (total !== null && received + chunk.byteLength > total) {
+        over = true;
+        break; // leaving the loop cancels the body
+      }
       await fh.write(chunk);
       received += chunk.byteLength;
       onData(received);
@@ -162,6 +173,10 @@ async function receive(res: Response, partPath: string, from: number, url: strin
     throw new DownloadError(`download of ${url} was interrupted after ${received} bytes (${networkDetail(e)}); run the same command again to resume`);
   } finally {
     await fh.close();
+  }
+  if (over) {
+    await rm(partPath, { force: true });
+    throw new DownloadError(`${url}: the server sent more than the ${total} bytes it announced; the download was deleted`);
   }
   return received;
 }

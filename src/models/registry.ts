@@ -6,6 +6,11 @@ import { join } from "node:path";
 import { packageRoot } from "../engine/native.js";
 import { DkiArgumentError, FormatError } from "../errors.js";
 
+/** A name that stays inside the folder it is joined to: no separators, no "..", no leading dot. */
+export function isPlainFileName(name: unknown): name is string {
+  return typeof name === "string" && /^[\w][\w.-]*$/.test(name);
+}
+
 export const DEFAULT_HUB_URL = "https://huggingface.co";
 
 export interface RegistryFile {
@@ -59,7 +64,7 @@ export function parseRegistry(raw: unknown, file = "registry.json"): ModelRegist
     if (!Array.isArray(e.files) || e.files.length === 0) fail(`${where}: files must be a non-empty list`);
     const files = (e.files as unknown[]).map((f): RegistryFile => {
       const r = (f ?? {}) as Record<string, unknown>;
-      if (typeof r.name !== "string" || !/^[\w][\w.-]*$/.test(r.name)) fail(`${where}: file name ${JSON.stringify(r.name)} is not a plain file name`);
+      if (!isPlainFileName(r.name)) fail(`${where}: file name ${JSON.stringify(r.name)} is not a plain file name`);
       const size = r.size ?? null;
       if (size !== null && (typeof size !== "number" || !Number.isSafeInteger(size) || size < 0)) fail(`${where}, ${String(r.name)}: size must be a byte count or null`);
       const sha256 = r.sha256 ?? null;
