@@ -85,11 +85,17 @@ describe("errors are one clear line, exit code 1", () => {
     [["generate", "--model", "MODEL"], /exactly one of --prompt and --prompt-tokens/],
     [["generate", "--model", "MODEL", "--prompt", "x", "--memory", "y", "--alpha", "-1"], /--alpha must be a number/],
     [["generate", "--model", "MODEL", "--prompt", "x", "--device", "tpu"], /--device must be one of cpu, cuda, auto/],
+    [["generate", "--model", "MODEL", "--prompt", "x", "--bogus"], /^dki: unknown option '--bogus' \(see --help\)\n$/],
+    [["generate", "--model", "MODEL", "--prompt"], /^dki: option '-p, --prompt <text>' argument missing \(see --help\)\n$/],
+    [["generate", "--model", "MODEL", "--prompt", "x", "--max-tokens", ""], /--max-tokens must be an integer >= 0, got ""/],
+    [["generate", "--model", "MODEL", "--prompt", "x", "--max-tokens", "0x5"], /--max-tokens must be an integer >= 0, got "0x5"/],
     ...(native().cuda().devices === 0 ? [[["logits", "--model", "MODEL", "--tokens", "1", "--device", "cuda"], /"cuda" was asked for but no GPU is usable/]] : []),
   ] as [string[], RegExp][])("%j", async (args, message) => {
     const { code, stderr } = await dkiFails(args.map((a) => (a === "MODEL" ? dir : a)));
     expect(code).toBe(1);
     expect(stderr).toMatch(message);
     expect(stderr).not.toMatch(/\n\s+at /); // no stack trace
+    expect(stderr.trimEnd().split("\n"), stderr).toHaveLength(1);
+    expect(stderr).toMatch(/^dki: /);
   });
 });

@@ -4,7 +4,8 @@ import { InvalidArgumentError } from "commander";
 export function intOption(name: string, min = 0) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer >= ${min}, got "${v}"`);
+    // Digits only: Number() would take "" as 0 and "0x5" as 5.
+    if (!/^\s*-?\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer >= ${min}, got "${v}"`);
     return n;
   };
 }
