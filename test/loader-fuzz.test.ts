@@ -131,3 +131,28 @@ describe("shapes beyond what the engine takes are refused before any work sized 
     expect(performance.now() - t0).toBeLessThan(5000);
   });
 });
+
+describe("tensors that do not own their bytes", () => {
+  const safetensors = (file: string, header: Record<string, unknown>, dataBytes: number) => {
+    const json = Buffer.from(JSON.stringify(header));
+    const len = Buffer.alloc(8);
+    len.writeBigUInt64LE(BigInt(json.length));
+    writeFileSync(file, Buffer.concat([len, json, Buffer.alloc(dataBytes)]));
+  };
+
+  test("two tensors sharing or overlapping bytes of one file are refused", async () => {
+    const file = join(tempDir(), "overlap.safetensors");
+    safetensors(file, { a: { dtype: "F32", shape: [4], data_offsets: [0, 16] }, b: { dtype: "F32", shape: [4], data_offsets: [8, 24] } }, 24);
+    await expect(readSafetensorsHeader(file)).rejects.toThrow(/overlap\.safetensors: tensors "a" and "b" overlap in the data section/);
+  });
+
+  test("a tensor in two shards is refused, naming both", async () => {
+    const dir = tempDir();
+    for (const f of ["config.json", "tokenizer.json"]) copyFileSync(join(hfLlamaTiny, f), join(dir, f));
+    const norm = { dtype: "F32", shape: [4], data_offsets: [0, 16] };
+    safetensors(join(dir, "a.safetensors"), { "model.norm.weight": norm }, 16);
+    safetensors(join(dir, "b.safetensors"), { "model.norm.weight": norm }, 16);
+    writeFileSync(join(dir, "model.safetensors.index.json"), JSON.stringify({ weight_map: { "model.norm.weight": "a.safetensors", other: "b.safetensors" } }));
+    await expect(readHfFolder(dir)).rejects.toThrow(/tensor "model\.norm\.weight" is in both a\.safetensors and b\.safetensors/);
+  });
+});

@@ -1,7 +1,7 @@
 // A Hugging Face model folder: config.json + one or more safetensors files (sharded through
 // model.safetensors.index.json). Resolves and checks every tensor the config needs.
 import { access, readFile } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { FormatError } from "../errors.js";
 import { expectedTensors, parseHfConfig, type ModelConfig } from "./hf-config.js";
 import { readSafetensorsHeader, type TensorInfo } from "./safetensors.js";
@@ -54,7 +54,11 @@ export async function readHfFolder(dir: string): Promise<HfModelFiles> {
   const config = parseHfConfig(rawConfig, configFile);
   const byName = new Map<string, TensorInfo>();
   for (const f of await weightFiles(dir)) {
-    for (const t of (await readSafetensorsHeader(f)).tensors) byName.set(t.name, t);
+    for (const t of (await readSafetensorsHeader(f)).tensors) {
+      const other = byName.get(t.name);
+      if (other) throw new FormatError(dir, `tensor "${t.name}" is in both ${basename(other.file)} and ${basename(t.file)}`);
+      byName.set(t.name, t);
+    }
   }
   const tensors: TensorInfo[] = [];
   for (const [name, shape] of expectedTensors(config)) {

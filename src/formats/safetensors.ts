@@ -82,6 +82,12 @@ export async function readSafetensorsHeader(file: string): Promise<{ tensors: Te
       }
       tensors.push({ name, dtype: dtype as string, shape: dims, file, offset: dataStart + begin, nbytes: expected });
     }
+    // Each tensor owns its bytes: two sharing or overlapping them is a broken (or crafted) file.
+    const byOffset = [...tensors].sort((a, b) => a.offset - b.offset);
+    for (let i = 1; i < byOffset.length; i++) {
+      const prev = byOffset[i - 1], t = byOffset[i];
+      if (t.nbytes > 0 && prev.nbytes > 0 && t.offset < prev.offset + prev.nbytes) fail(`tensors "${prev.name}" and "${t.name}" overlap in the data section`);
+    }
     return { tensors, metadata };
   } finally {
     await fh.close();
