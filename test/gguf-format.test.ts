@@ -159,6 +159,8 @@ describe("malformed GGUF headers", () => {
   test("a string length past the end", () => expectError(header([MAGIC, u32(3), u64(0), u64(1), u64(1e9), pad]), /metadata key #0 length .* impossible/));
   test("an array length past the end", () =>
     expectError(header([MAGIC, u32(3), u64(0), u64(1), str("k"), u32(9), u32(4), u64(1e6), pad]), /length of metadata array "k" .* impossible/));
+  test("an array of more than 2^24 items (held as JS values, ~15x its bytes: 400M items aborted the process)", () =>
+    expectError(header([MAGIC, u32(3), u64(0), u64(1), str("k"), u32(9), u32(0), u64(2 ** 24 + 1), Buffer.alloc(2 ** 24 + 1), pad]), /metadata array "k" has 16777217 items; more than 16777216 are not supported/));
   test("unknown value and item types, nested arrays", async () => {
     await expectError(header([MAGIC, u32(3), u64(0), u64(1), str("k"), u32(13), pad]), /unknown value type 13/);
     await expectError(header([MAGIC, u32(3), u64(0), u64(1), str("k"), u32(9), u32(77), u64(1), pad]), /unknown item type 77/);

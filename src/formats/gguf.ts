@@ -7,6 +7,9 @@ import { open, rename, stat, unlink } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { FormatError } from "../errors.js";
 
+/** Items of one metadata array (a tokenizer's 256k-token vocabulary and its merges fit many times). */
+const MAX_ARRAY_ITEMS = 1 << 24;
+
 // ---------------------------------------------------------------------------------------------
 // ggml tensor types
 
@@ -295,6 +298,8 @@ export async function readGguf(file: string): Promise<GgufFile> {
         if (itemType === "array") fail(`metadata array ${q(key)} holds arrays, which GGUF readers do not support`);
         const t = itemType as GgufScalarType;
         const n = await r.count(`length of metadata array ${q(key)}`, Math.floor(r.remaining / VALUE_BYTES[t]));
+        // Items become JS values (~15× their bytes): a file's size alone does not bound the memory.
+        if (n > MAX_ARRAY_ITEMS) fail(`metadata array ${q(key)} has ${n} items; more than ${MAX_ARRAY_ITEMS} are not supported`);
         const value: GgufScalar[] = new Array(n);
         for (let j = 0; j < n; j++) {
           // Tokenizer arrays hold ~10⁵ items: read buffered ones synchronously, no promise each.
