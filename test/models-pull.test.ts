@@ -32,24 +32,28 @@ let server: Server;
 let hub: string;
 let behaviour: Behaviour = {};
 let requests: { path: string; range: string | undefined }[] = [];
+let ifRanges: (string | undefined)[] = [];
 
 function handle(req: IncomingMessage, res: import("node:http").ServerResponse): void {
   const prefix = `/${REPO}/resolve/main/`;
   const name = req.url?.startsWith(prefix) ? decodeURIComponent(req.url.slice(prefix.length)) : "";
   requests.push({ path: req.url ?? "", range: req.headers.range });
+  ifRanges.push(req.headers["if-range"] as string | undefined);
   const body = files[name];
   if (!body) {
     res.writeHead(404).end("not found");
     return;
   }
+  const etag = `"${sha(body).slice(0, 16)}"`;
   const m = /^bytes=(\d+)-$/.exec(req.headers.range ?? "");
-  if (m && !behaviour.ignoreRange) {
+  const sameVersion = req.headers["if-range"] === undefined || req.headers["if-range"] === etag;
+  if (m && !behaviour.ignoreRange && sameVersion) {
     const start = Number(m[1]);
     if (start >= body.length) {
       res.writeHead(416, { "content-range": `bytes */${body.length}` }).end();
       return;
     }
-    res.writeHead(206, { "content-length": body.length - start, "content-range": `bytes ${start}-${body.length - 1}/${body.length}` });
+    res.writeHead(206, { "content-length": body.length - start, "content-range": `bytes ${start}-${body.length - 1}/${body.length}`, etag });
     res.end(body.subarray(start));
     return;
   }
@@ -60,7 +64,7 @@ function handle(req: IncomingMessage, res: import("node:http").ServerResponse): 
     return;
   }
   const drop = behaviour.dropAfter?.[name];
-  res.writeHead(200, { "content-length": body.length, "accept-ranges": "bytes" });
+  res.writeHead(200, { "content-length": body.length, "accept-ranges": "bytes", etag });
   if (drop !== undefined) {
     delete behaviour.dropAfter![name];
     res.write(body.subarray(0, drop), () => setTimeout(() => res.socket?.destroy(), 100));
@@ -90,6 +94,7 @@ afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
 afterEach(() => {
   behaviour = {};
   requests = [];
+  ifRanges = [];
 });
 
 describe("pullModel", () => {
@@ -130,6 +135,24 @@ describe("pullModel", () => {
     expect(events.find((e) => e.type === "start")).toMatchObject({ resumeFrom: partial, total: body.length });
     expect((await readFile(join(dir, "model.safetensors"))).equals(body)).toBe(true);
     expect(existsSync(join(dir, "model.safetensors.part"))).toBe(false);
+  });
+
+  test("a resume names the version its .part began with (If-Range): a file changed upstream meanwhile comes whole, not spliced", async () => {
+    const dir = tempDir();
+    const v1 = files["model.safetensors"];
+    behaviour.dropAfter = { "model.safetensors": 300_000 };
+    await expect(pullModel("test-model", { dir, baseUrl: hub, registry: registry() })).rejects.toThrow(/interrupted/);
+    const v2 = Buffer.from(v1).reverse(); // same size, other bytes
+    files["model.safetensors"] = v2;
+    try {
+      ifRanges = [];
+      await pullModel("test-model", { dir, baseUrl: hub, registry: registry() });
+      expect(ifRanges[0]).toMatch(/^"[0-9a-f]{16}"$/); // v1's ETag, sent with the range
+      expect((await readFile(join(dir, "model.safetensors"))).equals(v2)).toBe(true);
+      expect(readdirSync(dir).filter((f) => f.includes(".part"))).toEqual([]);
+    } finally {
+      files["model.safetensors"] = v1;
+    }
   });
 
   test("starts over when the server answers a Range request with the whole file (200)", async () => {

@@ -1,10 +1,11 @@
 // Downloads a registry model into a local folder. Each file goes to `<name>.part` first; an
-// interrupted download is resumed with an HTTP Range request, and the file is renamed into place
+// interrupted download is resumed with an HTTP Range request (If-Range: only if the server still
+// serves the version the .part began with, else the whole file again), and the file is renamed into place
 // only after its size (and sha256, when the registry knows it) checks out, so a file under its
 // final name is always complete.
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { mkdir, open, rename, rm, stat } from "node:fs/promises";
+import { mkdir, open, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { findModel, isPlainFileName, loadRegistry, modelBaseUrl, type ModelRegistry, type RegistryFile } from "./registry.js";
 
@@ -68,6 +69,9 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
   const emit = opts.onProgress ?? (() => {});
   const finalPath = join(opts.dir, file.name);
   const partPath = finalPath + ".part";
+  // The server's validator (ETag or Last-Modified) of the version the .part holds: a resume asks
+  // for the rest only if that is still the version served (If-Range), else it gets the whole file.
+  const validatorPath = partPath + ".validator";
 
   // Files only get their final name after verification, so one that is there (at the known size) is done.
   const existing = await fileSize(finalPath);
@@ -81,7 +85,8 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
     await rm(partPath, { force: true });
     have = 0;
   }
-  let res = await request(url, have, opts.fetchImpl ?? fetch);
+  const validator = have > 0 ? await readFile(validatorPath, "utf8").catch(() => null) : null;
+  let res = await request(url, have, opts.fetchImpl ?? fetch, validator);
   if (res.status === 416 && have > 0) {
     // The range starts at or past the end: either the .part is already complete, or it is not this file.
     const total = parseContentRangeTotal(res.headers.get("content-range"));
@@ -89,7 +94,7 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
     if (total !== have) {
       await rm(partPath, { force: true });
       have = 0;
-      res = await request(url, 0, opts.fetchImpl ?? fetch);
+      res = await request(url, 0, opts.fetchImpl ?? fetch, null);
     }
   }
 
@@ -109,8 +114,11 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
       }
       total = parseContentRangeTotal(res.headers.get("content-range"));
     } else {
-      have = 0; // the server ignored the Range header: start over
+      have = 0; // the server ignored the Range header, or the file changed since the .part began: start over
       total = contentLength(res);
+      const v = validatorOf(res);
+      if (v) await writeFile(validatorPath, v);
+      else await rm(validatorPath, { force: true });
     }
     if (file.size !== null && total !== null && total !== file.size) {
       await res.body?.cancel();
@@ -134,14 +142,23 @@ async function pullFile(url: string, file: RegistryFile, opts: PullOptions): Pro
     throw new DownloadError(`${file.name}: sha256 mismatch (got ${sha256}, expected ${file.sha256}); the download was deleted`);
   }
   await rename(partPath, finalPath);
+  await rm(validatorPath, { force: true });
   emit({ type: "done", file: file.name, bytes: have, sha256 });
   return { name: file.name, bytes: have, sha256, skipped: false };
 }
 
-async function request(url: string, from: number, fetchImpl: typeof fetch): Promise<Response> {
+/** A strong ETag, else Last-Modified: what If-Range may name (a weak ETag may not). */
+function validatorOf(res: Response): string | null {
+  const etag = res.headers.get("etag");
+  if (etag && !etag.startsWith("W/")) return etag;
+  return res.headers.get("last-modified");
+}
+
+async function request(url: string, from: number, fetchImpl: typeof fetch, validator: string | null): Promise<Response> {
   // identity: a compressed transfer would make Content-Length disagree with the bytes we store.
   const headers: Record<string, string> = { "accept-encoding": "identity" };
   if (from > 0) headers.range = `bytes=${from}-`;
+  if (from > 0 && validator) headers["if-range"] = validator;
   try {
     return await fetchImpl(url, { headers, redirect: "follow" });
   } catch (e) {
