@@ -304,14 +304,14 @@ export class TieredKVCache {
     this.leavingL1.delete(key);
     this.leavingL2.delete(key);
     this.writing.delete(key);
-    for (const [k, b] of dropped) this.freeIfUnused(b);
+    for (const b of dropped) this.freeIfUnused(b);
     await this.l3.remove(key);
   }
 
-  /** The blocks in L1 or on their way down from it whose key passes `pick`, with their keys. */
-  private l1BlocksWhere(pick: (key: string, userHash: string) => boolean): [string, KVBlock][] {
-    const out: [string, KVBlock][] = [];
-    for (const e of [...this.l1.values(), ...this.leavingL1.values()]) if (pick(e.key, e.userHash)) out.push([e.key, e.value]);
+  /** The blocks in L1 or on their way down from it whose key passes `pick`. */
+  private l1BlocksWhere(pick: (key: string, userHash: string) => boolean): KVBlock[] {
+    const out: KVBlock[] = [];
+    for (const e of [...this.l1.values(), ...this.leavingL1.values()]) if (pick(e.key, e.userHash)) out.push(e.value);
     return out;
   }
 
@@ -327,7 +327,7 @@ export class TieredKVCache {
     for (const m of [this.leavingL1, this.leavingL2, this.writing]) {
       for (const [k, v] of m) if (v.userHash === uh) m.delete(k);
     }
-    for (const [k, b] of dropped) this.freeIfUnused(b);
+    for (const b of dropped) this.freeIfUnused(b);
     await this.l3.removeUser(uh);
   }
 
@@ -390,7 +390,7 @@ export class TieredKVCache {
     for (const m of [this.l1, this.l2]) for (const e of [...m.values()]) m.remove(e.key);
     this.leavingL1.clear();
     this.leavingL2.clear();
-    for (const [k, b] of dropped) this.freeIfUnused(b);
+    for (const b of dropped) this.freeIfUnused(b);
   }
 
   // ---- loading
@@ -501,7 +501,7 @@ export class TieredKVCache {
    */
   private freeIfUnused(block: KVBlock): void {
     if (!this.made.has(block) || this.leases.has(block) || this.pins.has(block)) return;
-    for (const e of [...this.l1.values(), ...this.leavingL1.values()]) if (e.value === block) return;
+    if (this.l1BlocksWhere(() => true).includes(block)) return;
     this.made.delete(block);
     block.dispose();
   }
