@@ -117,7 +117,7 @@ export function parseHfConfig(raw: unknown, file = "config.json"): ModelConfig {
  * released model): a file claiming more is refused before any work sized by them, such as the
  * list of expected tensors (a 390-byte GGUF claiming 2^31 layers used to take 2.6 GB and 45 s).
  */
-const SHAPE_LIMITS: Readonly<Record<keyof ModelShape, number>> = {
+export const SHAPE_LIMITS: Readonly<Record<keyof ModelShape, number>> = {
   vocabSize: 1 << 24,
   hiddenSize: 1 << 17,
   intermediateSize: 1 << 19,

@@ -6,6 +6,7 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { DkiArgumentError, FormatError } from "../errors.js";
+import { SHAPE_LIMITS } from "../formats/hf-config.js";
 import { compileChatTemplate, renderChat, selectChatTemplate, type ChatMessage } from "./chat-template.js";
 
 export interface EncodeOptions {
@@ -82,8 +83,8 @@ function idList(v: unknown): number[] {
   return [];
 }
 
-/** Token ids the engine takes (a model's vocabulary is bounded the same way). */
-const MAX_TOKEN_ID = (1 << 24) - 1;
+/** The largest token id the engine takes: the last of the largest vocabulary it takes. */
+const MAX_TOKEN_ID = SHAPE_LIMITS.vocabSize - 1;
 
 /**
  * Every id of the vocabulary and the added tokens is an integer from 0 to MAX_TOKEN_ID: the
