@@ -1027,11 +1027,8 @@ Napi::Value Simd(const Napi::CallbackInfo& info) {
 
 Napi::Value SetPrefetch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsNumber()) throw_type(env, "setPrefetch(bytes: number)");
-  const double bytes = info[0].As<Napi::Number>().DoubleValue();
-  if (!std::isfinite(bytes) || bytes != std::floor(bytes) || bytes < 0 || bytes > kMaxPrefetchBytes)
-    throw Napi::RangeError::New(env, "setPrefetch: bytes must be an integer from 0 to " + std::to_string(kMaxPrefetchBytes));
-  g_settings.request([bytes] { set_prefetch_bytes(int(bytes)); });
+  const int bytes = int_arg(info, 0, "setPrefetch(bytes: number)", "setPrefetch: bytes", 0, kMaxPrefetchBytes);
+  g_settings.request([bytes] { set_prefetch_bytes(bytes); });
   return env.Undefined();
 }
 

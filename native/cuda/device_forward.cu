@@ -75,11 +75,10 @@ struct CudaForward::Impl {
   // nodes in its graph) time each stage on the GPU; profile() sums them over the steps. The
   // events cost some time of their own: compare the total with an unprofiled run.
   struct Profile {
-    bool on = false;
     bool marking = false;             // the record() under way marks its stages
     std::vector<cudaEvent_t> events;  // events[0] opens a step, events[i] closes its i-th stage
     std::vector<int> stage_of;        // stage of events[i + 1], as the last record() laid them out
-    StageProfile sums;
+    StageProfile sums;                // sums.on: profiling was asked for
     mutable std::mutex mutex;         // profile() reads on the JS thread while a step may end
   } prof;
 
@@ -232,10 +231,10 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
     throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
   s.tiled_attention = attention && std::strcmp(attention, "tiled") == 0;
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
-  s.prof.on = s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
+  s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   // Every event a step records (the opening one, the embedding, six stages a layer, the head),
   // made now rather than while a graph is being captured.
-  const size_t step_events = s.prof.on ? 3 + 6 * size_t(c.n_layers) : 0;
+  const size_t step_events = s.prof.sums.on ? 3 + 6 * size_t(c.n_layers) : 0;
   while (s.prof.events.size() < step_events) {
     cudaEvent_t e = nullptr;
     DKI_CUDA_CHECK(cudaEventCreate(&e));  // with timing
@@ -399,7 +398,7 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
 }
 
 void CudaForward::Impl::open_step(int T) {
-  prof.marking = prof.on && T == 1;
+  prof.marking = prof.sums.on && T == 1;
   if (!prof.marking) return;
   std::lock_guard<std::mutex> lock(prof.mutex);
   prof.stage_of.clear();
@@ -508,7 +507,7 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
   if (rows > 0) DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));
   if (want_probe) DKI_CUDA_CHECK(cudaMemcpyAsync(probe, s.probe.get(), size_t(c.n_heads) * sizeof(float), cudaMemcpyDeviceToHost, st));
   DKI_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (s.prof.on && T == 1) s.add_step();
+  if (s.prof.sums.on && T == 1) s.add_step();
 }
 
 // Rows (layer, kv_head) of the cache are max_tokens·hd floats apart; a block's are n·hd.
