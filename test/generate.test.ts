@@ -1,20 +1,24 @@
 // The generation loop: sampling, streaming, stop conditions, cancellation, and not blocking Node.
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { runGeneration } from "../src/engine/generate.js";
 import { LogitsMode, native, type NativeContextHandle } from "../src/engine/native.js";
+import { GgufMeta, readGguf, writeGguf, type GgufEntry } from "../src/formats/gguf.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
+import { ggufTokenizer } from "../src/tokenizer/gguf-tokenizer.js";
 import { tempDir } from "./support/paths.js";
 
 let model: Model;
 let slow: Model;
+let slowDir: string;
 
 beforeAll(async () => {
   const dir = tempDir();
   await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, seed: 11 });
   model = await Model.load(dir, { contextSize: 256 });
   // Wide enough that a 1024-token prefill takes a noticeable time on any machine.
-  const slowDir = tempDir();
+  slowDir = tempDir();
   await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: slowDir, seed: 12, overrides: { hiddenSize: 512, intermediateSize: 1536, numLayers: 6, numHeads: 8, numKvHeads: 4, headDim: 64 } });
   slow = await Model.load(slowDir, { contextSize: 1100 });
 });
@@ -187,6 +191,32 @@ describe("Node stays responsive", () => {
     await expect(p).rejects.toThrow(/abort/i);
     expect(n).toBeLessThan(10);
   });
+
+  test("a call waiting behind another rejects as soon as its signal aborts, not when the first is done", async () => {
+    const prompt = Array.from({ length: 1024 }, (_, i) => 100 + i);
+    const events: string[] = [];
+    const first = slow.generate({ tokens: prompt }, { maxNewTokens: 8, stopOnEos: false }).then(() => events.push("first done"));
+    const ac = new AbortController();
+    const queued = slow.generate("waiting", { maxNewTokens: 8, signal: ac.signal }).catch((e: Error) => events.push(`queued: ${e.name}`));
+    setTimeout(() => ac.abort(), 5);
+    await Promise.all([first, queued]);
+    expect(events).toEqual(["queued: AbortError", "first done"]);
+    // The order of the calls queued after the aborted one is kept, and the model still works.
+    expect((await slow.generate("after", { maxNewTokens: 2, stopOnEos: false })).tokens).toHaveLength(2);
+  });
+
+  test("dispose() during a generation stops it, rejects the calls waiting, and frees the model", async () => {
+    const m = await Model.load(slowDir, { contextSize: 512 });
+    let n = 0;
+    const running = m.generate("dispose me", { maxNewTokens: 200, stopOnEos: false, onToken: () => ++n === 5 && m.dispose() });
+    const waiting = m.logits([1, 2, 3]);
+    await expect(running).rejects.toThrow(/model has been disposed/);
+    await expect(waiting).rejects.toThrow(/model has been disposed/);
+    expect(n).toBeLessThan(10);
+    await expect(m.generate("again")).rejects.toThrow(/model has been disposed/);
+    expect(() => m.createContext()).toThrow(/model has been disposed/);
+    m.dispose(); // twice is fine
+  });
 });
 
 describe("the loop on chosen tokens", () => {
@@ -229,6 +259,37 @@ describe("the loop on chosen tokens", () => {
     } finally {
       padded.dispose();
     }
+  });
+
+  test("a SentencePiece model's text continues the prompt: the first token keeps its leading space", async () => {
+    // The tokenizer a llama-family GGUF carries: "▁" for spaces, <0xNN> byte fallback, and a
+    // decoder that strips the space at the start of a text. Decoding the new ids alone gave "Paris".
+    const file = join(tempDir(), "spm.gguf");
+    const tokens = ["<unk>", "<s>", "</s>"];
+    for (let b = 0; b < 256; b++) tokens.push(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
+    const pieces = ["▁", "▁The", "▁capital", "▁is", "▁Paris", "."];
+    await writeGguf(file, {
+      metadata: new Map<string, GgufEntry>([
+        ["tokenizer.ggml.model", { type: "string", value: "llama" }],
+        ["tokenizer.ggml.tokens", { type: "array", itemType: "string", value: [...tokens, ...pieces] }],
+        ["tokenizer.ggml.scores", { type: "array", itemType: "f32", value: [...tokens, ...pieces].map(() => 0) }],
+        ["tokenizer.ggml.bos_token_id", { type: "u32", value: 1 }],
+      ]),
+      tensors: [],
+    });
+    const tokenizer = ggufTokenizer(new GgufMeta(file, (await readGguf(file)).metadata));
+    const spm = { tokenizer, config: { vocabSize: tokens.length + pieces.length, eosTokenIds: [] } } as unknown as Model;
+    const id = (piece: string) => tokenizer.tokenToId(piece)!;
+    const prompt = tokenizer.encode("The capital is");
+    const gen = [id("▁Paris"), id(".")];
+    const r = await runGeneration(spm, forced(gen), prompt, { maxNewTokens: 2, stopOnEos: false }, 0);
+    expect(r.text).toBe(" Paris.");
+    expect(tokenizer.decode([...prompt, ...r.tokens])).toBe(tokenizer.decode(prompt) + r.text);
+
+    // A prompt that ends inside a character: the character comes out whole with the byte completing it.
+    const cut = [...prompt, id("▁"), id("<0xE4>"), id("<0xBD>")];
+    const rest = await runGeneration(spm, forced([id("<0xA0>"), id("▁Paris")]), cut, { maxNewTokens: 2, stopOnEos: false }, 0);
+    expect(rest.text).toBe("你 Paris");
   });
 
   test("repetitionWindow 0 penalises nothing; 1 the last token; negative or fractional windows are refused", async () => {

@@ -44,11 +44,15 @@ export interface GenerationStats {
 export type FinishReason = "eos" | "stop" | "length" | "context";
 
 export interface GenerateResult {
+  /** The generated text as it continues the prompt (a leading space is kept). */
   text: string;
   tokens: number[];
   finishReason: FinishReason;
   stats: GenerationStats;
 }
+
+/** Prompt ids the stream decoder sees before the first generated one. */
+const DECODER_CONTEXT_IDS = 8;
 
 function isHighSurrogate(c: number): boolean {
   return c >= 0xd800 && c <= 0xdbff;
@@ -137,7 +141,13 @@ export async function runGeneration(
 
   const history = [...prompt];
   const tokens: number[] = [];
-  const decoder = model.tokenizer.createStreamDecoder();
+  // The text continues the prompt: with the prompt's last ids as context, a SentencePiece
+  // decoder keeps the first generated token's leading space (" Paris" after "The capital is",
+  // as llama.cpp streams it), where decoding the new ids alone would strip it.
+  // Ids the tokenizer cannot decode (padded vocabulary rows) end the context where they occur.
+  let contextStart = Math.max(0, prompt.length - DECODER_CONTEXT_IDS);
+  for (let i = contextStart; i < prompt.length; i++) if (undecodable.includes(prompt[i])) contextStart = i + 1;
+  const decoder = model.tokenizer.createStreamDecoder({ context: prompt.slice(contextStart) });
   let text = "";
   let emitted = 0; // characters of `text` already passed to onToken
   const holdBack = stops.reduce((m, s) => Math.max(m, s.length - 1), 0);

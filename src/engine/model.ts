@@ -122,6 +122,8 @@ export type PromptInput = string | { messages: ChatMessage[] } | { tokens: numbe
 export class Model {
   private readonly ctxMutex = new AsyncMutex();
   private defaultCtx: NativeContextHandle | null = null;
+  /** Aborted by dispose(): calls waiting for the context give up, a running generation stops. */
+  private readonly disposal = new AbortController();
 
   private constructor(
     private handle: NativeModelHandle | null,
@@ -193,12 +195,16 @@ export class Model {
     return new (native().NativeContext)(this.nativeHandle(), maxTokens);
   }
 
-  /** Runs `fn` with the model's reusable context, one caller at a time. */
-  withContext<T>(fn: (ctx: NativeContextHandle) => Promise<T>): Promise<T> {
+  /**
+   * Runs `fn` with the model's reusable context, one caller at a time. The signal `fn` gets fires
+   * when the caller's does or the model is disposed; a call still waiting its turn then rejects.
+   */
+  withContext<T>(fn: (ctx: NativeContextHandle, signal: AbortSignal) => Promise<T>, signal?: AbortSignal): Promise<T> {
+    const either = signal ? AbortSignal.any([signal, this.disposal.signal]) : this.disposal.signal;
     return this.ctxMutex.run(async () => {
       this.defaultCtx ??= this.createContext();
-      return fn(this.defaultCtx);
-    });
+      return fn(this.defaultCtx, either);
+    }, either);
   }
 
   /** Token ids for a prompt. Text gets the tokenizer's special tokens (BOS where the model uses one). */
@@ -267,16 +273,20 @@ export class Model {
   }
 
   /** Runs fn in the shared context with the injection installed, then clears it. */
-  private withInjection<T>(inj: InjectionOptions, fn: (ctx: NativeContextHandle, segmentTokens: number) => Promise<T>): Promise<T> {
-    return this.withContext(async (ctx) => {
+  private withInjection<T>(
+    inj: InjectionOptions,
+    fn: (ctx: NativeContextHandle, segmentTokens: number, signal: AbortSignal) => Promise<T>,
+    signal?: AbortSignal,
+  ): Promise<T> {
+    return this.withContext(async (ctx, either) => {
       const { made, segmentTokens } = await this.injectSegments(ctx, inj);
       try {
-        return await fn(ctx, segmentTokens);
+        return await fn(ctx, segmentTokens, either);
       } finally {
         ctx.setSegments([]);
         for (const b of made) b.dispose();
       }
-    });
+    }, signal);
   }
 
   /** Logits of every position of `tokens`, [n][vocab], optionally with injected segments. */
@@ -327,7 +337,7 @@ export class Model {
   async generate(input: PromptInput, opts: GenerateOptions & InjectionOptions = {}): Promise<GenerateResult> {
     const prompt = this.encodePrompt(input);
     this.checkTokens(prompt);
-    return this.withInjection(opts, (ctx, segmentTokens) => runGeneration(this, ctx, prompt, opts, segmentTokens));
+    return this.withInjection(opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, { ...opts, signal }, segmentTokens), opts.signal);
   }
 
   /** Token ids for `what` ("the prompt", "the memory"): not empty, at most `limit`, in the vocabulary. */
@@ -343,10 +353,19 @@ export class Model {
     }
   }
 
+  /**
+   * Frees the model. Work in flight is not cut short unsafely: a running generation stops at its
+   * next step and rejects, calls waiting for the context reject at once, a running single eval
+   * finishes; the context is freed when they are done. K/V blocks and contexts created from the
+   * model keep what they need of it alive until they are disposed.
+   */
   dispose(): void {
-    this.defaultCtx?.dispose();
-    this.defaultCtx = null;
-    this.handle?.dispose();
+    if (!this.handle) return;
+    this.handle.dispose();
     this.handle = null;
+    this.disposal.abort(new Error("model has been disposed"));
+    const ctx = this.defaultCtx;
+    this.defaultCtx = null;
+    if (ctx) void this.ctxMutex.run(async () => ctx.dispose());
   }
 }

@@ -23,7 +23,8 @@ export interface StreamDecoderOptions extends DecodeOptions {
   /**
    * Token ids already shown to the user (e.g. the end of the prompt). They are not emitted; they
    * give the first pushed tokens their context, so a decoder that strips a leading space at the
-   * start of a text (SentencePiece's "▁") does not strip it mid-sentence.
+   * start of a text (SentencePiece's "▁") does not strip it mid-sentence. Ids that end the
+   * context inside a character (part of its UTF-8 bytes) are emitted with the id completing it.
    */
   context?: number[];
 }
@@ -283,8 +284,12 @@ export class Tokenizer {
     const skip = opts.skipSpecialTokens ?? false;
     const ids: number[] = opts.context ? [...this.checkIds(opts.context)] : [];
     let prefixOffset = 0; // window start: the ids before readOffset give the decoder its context
-    let readOffset = ids.length; // ids before this have been emitted
     const dec = (a: number, b: number) => (b > a ? this.decodeRaw(ids.slice(a, b), skip, false) : "");
+    // Ids before this have been emitted. A context that ends inside a character (its last bytes
+    // still to come) keeps those ids unemitted, so the character comes out whole with the token
+    // that completes it instead of being cut at the context's edge.
+    let readOffset = ids.length;
+    while (readOffset > 0 && ids.length - readOffset < 4 && dec(0, readOffset).endsWith("\uFFFD")) readOffset--;
     return {
       push: (id: number): string => {
         this.checkIds([id]);
