@@ -632,9 +632,10 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
   return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
-// Reads the caller's bytes in place (no copy: a restore's bytes can be tens of MB): a reference
-// keeps them alive until the worker ends, but nothing in Node-API can stop a caller from
-// transferring or resizing their ArrayBuffer meanwhile, so the contract (kv-block.ts) forbids it.
+// Reads the bytes in place (no copy: a restore's bytes can be tens of MB): a reference keeps
+// them alive until the worker ends, but nothing in Node-API can stop their ArrayBuffer being
+// transferred or resized meanwhile, so only bytes the package alone holds come here
+// (kv-block.ts: KVBlock.deserialize copies a caller's bytes first).
 class DeserializeWorker : public PromiseWorker {
  public:
   DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model, int device)

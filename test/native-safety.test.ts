@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { nativeConfig } from "../src/engine/model.js";
 import { native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
+import { KVBlock } from "../src/kv/kv-block.js";
 import { hfLlamaTiny, repoRoot } from "./support/paths.js";
 
 const addon = native();
@@ -35,6 +36,42 @@ describe("threads and lifetimes", () => {
       const p = ctx.eval(tokens(32), 1, out);
       structuredClone(out.buffer, { transfer: [out.buffer] });
       await expect(p).rejects.toThrow(/eval: the out array was detached or resized while the eval ran/);
+    } finally {
+      ctx.dispose();
+    }
+  });
+
+  test("KVBlock.deserialize reads the bytes as they were at the call: zeroing, transferring or shrinking them at once changes nothing", async () => {
+    const ctx = new addon.NativeContext(model, 64);
+    try {
+      await ctx.eval(tokens(48), 0);
+      const block = new KVBlock(ctx.exportBlock(0, 48), model);
+      const serialized = await block.serialize("f32");
+      // A resizable ArrayBuffer (Node 20 has them; the ES2022 typings this project uses do not).
+      type Resizable = ArrayBuffer & { resize(n: number): void };
+      const ResizableBuffer = ArrayBuffer as unknown as new (n: number, o: { maxByteLength: number }) => Resizable;
+      const caller = () => {
+        const ab = new ResizableBuffer(serialized.length, { maxByteLength: serialized.length });
+        const view = new Uint8Array(ab);
+        view.set(serialized);
+        return { ab, view };
+      };
+      const zeroed = caller();
+      const p1 = KVBlock.deserialize(model, zeroed.view);
+      zeroed.view.fill(0);
+      const moved = caller();
+      const p2 = KVBlock.deserialize(model, moved.view);
+      structuredClone(moved.ab, { transfer: [moved.ab] });
+      const shrunk = caller();
+      const p3 = KVBlock.deserialize(model, shrunk.view);
+      shrunk.ab.resize(0);
+      for (const restored of await Promise.all([p1, p2, p3])) {
+        expect(restored.keys()).toEqual(block.keys());
+        expect(restored.values()).toEqual(block.values());
+        restored.dispose();
+      }
+      await expect(KVBlock.deserialize(model, 7 as unknown as Uint8Array)).rejects.toThrow(/deserialize: bytes must be a Uint8Array/);
+      block.dispose();
     } finally {
       ctx.dispose();
     }
