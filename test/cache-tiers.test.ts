@@ -7,7 +7,9 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import type { Model } from "../src/engine/model.js";
 import { DkiArgumentError } from "../src/errors.js";
-import { TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
+import { ENTRY_HEADER_BYTES, TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
+import { L3Files } from "../src/cache/tiers/l3-files.js";
+import { Usage } from "../src/cache/usage.js";
 import { CountingModel, diskUsage, tinyModel, tokensFrom } from "./support/cache.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
 
@@ -267,6 +269,31 @@ describe("failed L3 writes", () => {
     expect(s.L3.entries).toBe(0);
     expect(cache.locate(hit.key)).toEqual(["L1"]);
     await cache.close();
+  });
+});
+
+describe("blocks L3 cannot take", () => {
+  test("a block larger than the L3 budget is counted as skipped, and nothing is counted with L3 off", async () => {
+    const small = await TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l3Bytes: L3_FILE - 1 } });
+    const hit = await small.get(req(9));
+    await small.flush();
+    expect(small.stats().l3Skipped).toEqual({ tooLarge: 1, noRoom: 0 });
+    expect(small.locate(hit.key)).toEqual(["L1"]);
+    await small.close();
+    const off = await TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l3Bytes: 0 } });
+    await off.get(req(9));
+    await off.flush();
+    expect(off.stats().l3Skipped).toEqual({ tooLarge: 0, noRoom: 0 });
+    await off.close();
+  });
+
+  test("L3 answers no-room while writes in progress hold its budget (nothing to evict), and the other write lands", async () => {
+    const l3 = await L3Files.open(tempDir(), Math.floor(1.5 * L3_FILE), 64);
+    const bytes = Buffer.alloc(L3_FILE - ENTRY_HEADER_BYTES, 1);
+    const usage = () => new Usage(64, 0, 1);
+    const [a, b] = await Promise.all([l3.write("a".repeat(64), userHash("alice"), usage(), bytes), l3.write("b".repeat(64), userHash("alice"), usage(), bytes)]);
+    expect([a, b]).toEqual(["written", "no-room"]);
+    expect(l3.size).toBe(1);
   });
 });
 

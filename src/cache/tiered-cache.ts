@@ -135,6 +135,12 @@ export interface CacheStats {
   pending: number;
   /** Failed background jobs and L3 writes (the entry is then just not cached further down). */
   backgroundErrors: number;
+  /**
+   * Blocks that were to be written to L3 and were not, so will not outlive the process:
+   * `tooLarge`, bigger than the whole L3 budget; `noRoom`, the budget taken by other writes in
+   * progress. None are counted when L3 is off (a zero budget).
+   */
+  l3Skipped: { tooLarge: number; noRoom: number };
   lastError?: string;
 }
 
@@ -181,6 +187,7 @@ export class TieredKVCache {
   private readonly latency = { L1: new LatencyStats(), L2: new LatencyStats(), L3: new LatencyStats(), L4: new LatencyStats() };
   private corruptDropped = 0;
   private singleFlightJoins = 0;
+  private readonly l3Skipped = { tooLarge: 0, noRoom: 0 };
   private backgroundErrors = 0;
   private lastError: string | undefined;
   private readonly writeBehind: boolean;
@@ -363,6 +370,7 @@ export class TieredKVCache {
       singleFlightJoins: this.singleFlightJoins,
       pending: this.jobs.size,
       backgroundErrors: this.backgroundErrors + this.l3.writeFailures,
+      l3Skipped: { ...this.l3Skipped },
       lastError: this.lastError ?? this.l3.lastWriteError,
     };
   }
@@ -532,11 +540,11 @@ export class TieredKVCache {
     const already = this.writing.get(r.key);
     if (already) return already.done!;
     if (this.l3.holds(r.key)) return Promise.resolve();
-    if (!this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return Promise.resolve();
+    if (!this.fitsL3(block)) return Promise.resolve();
     const job = this.background(r.key, r.userHash, async (job) => {
       try {
         const bytes = await this.pinned(block, r.key, () => block.serialize("int8"));
-        if (!job.cancelled) await this.l3.write(r.key, r.userHash, usage, bytes, () => job.cancelled);
+        if (!job.cancelled) await this.writeL3Bytes(r, usage, bytes, job);
       } finally {
         if (this.writing.get(r.key) === job) this.writing.delete(r.key);
       }
@@ -624,10 +632,23 @@ export class TieredKVCache {
   }
 
   private async writeL3(e: Entry<unknown>, block: KVBlock, job: Job, stillWanted: () => boolean): Promise<void> {
-    if (!this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return;
+    if (!this.fitsL3(block)) return;
     const bytes = await block.serialize("int8");
     if (job.cancelled || !stillWanted()) return;
-    await this.l3.write(e.key, e.userHash, e.usage, bytes, () => job.cancelled);
+    await this.writeL3Bytes(e, e.usage, bytes, job);
+  }
+
+  /** Whether the block's L3 entry fits the L3 budget at all; counts it when it does not. */
+  private fitsL3(block: KVBlock): boolean {
+    if (this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return true;
+    if (this.l3.budget > 0) this.l3Skipped.tooLarge++;
+    return false;
+  }
+
+  private async writeL3Bytes(r: { key: string; userHash: string }, usage: Usage, bytes: Buffer, job: Job): Promise<void> {
+    const result = await this.l3.write(r.key, r.userHash, usage, bytes, () => job.cancelled);
+    if (result === "too-large") this.l3Skipped.tooLarge++;
+    else if (result === "no-room") this.l3Skipped.noRoom++;
   }
 
   private inL3Soon(key: string): boolean {
