@@ -256,6 +256,23 @@ describe("single flight", () => {
   });
 });
 
+describe("a burst of gets", () => {
+  test("at most maxConcurrentLoads load at once, and each get resolves with the blocks leaving L1 within its budget", async () => {
+    for (const maxConcurrentLoads of [undefined, 1, 3]) {
+      const counting = new CountingModel(model);
+      const l1Bytes = 2 * L1_BLOCK;
+      const cache = await TieredKVCache.open({ model: counting, dir: tempDir(), budgets: { l1Bytes, l2Bytes: L2_BLOCK, l3Bytes: 1 << 20 }, maxConcurrentLoads });
+      const leavingAtResolve: number[] = [];
+      await Promise.all(Array.from({ length: 16 }, (_, i) => cache.get(req(100 + i)).then(() => leavingAtResolve.push(cache.stats().L1.leavingBytes))));
+      expect(counting.computes).toBe(16);
+      expect(counting.mostRunning).toBe(maxConcurrentLoads ?? 2);
+      expect(Math.max(...leavingAtResolve)).toBeLessThanOrEqual(l1Bytes);
+      await cache.close();
+    }
+    await expect(TieredKVCache.open({ model, dir: tempDir(), budgets: big, maxConcurrentLoads: 0 })).rejects.toThrow(/maxConcurrentLoads must be a positive integer, got 0/);
+  });
+});
+
 describe("failed L3 writes", () => {
   test("are counted and say why in lastError; the entry is simply not in L3", async () => {
     const dir = tempDir();

@@ -43,6 +43,7 @@ import { L1Blocks } from "./tiers/l1.js";
 import { L2Buffers, type L2Storage } from "./tiers/l2.js";
 import { CorruptEntryError, ENTRY_HEADER_BYTES, L3Files } from "./tiers/l3-files.js";
 import { Usage } from "./usage.js";
+import { Semaphore } from "../util/semaphore.js";
 
 export type Tier = "L1" | "L2" | "L3" | "L4";
 
@@ -83,6 +84,12 @@ export interface TieredKVCacheOptions {
   recencyHalfLife?: number;
   /** L1 blocks live in GPU memory, and l1Bytes budgets that memory (default: true when the model runs on CUDA). */
   l1OnDevice?: boolean;
+  /**
+   * Gets that miss L1 and load (decode from L2/L3 or compute) at once; the others wait their
+   * turn (default 2: computes run one at a time anyway, and a decode can overlap one). Bounds the
+   * memory a burst of gets takes beyond the budgets.
+   */
+  maxConcurrentLoads?: number;
 }
 
 export interface CacheHit {
@@ -201,6 +208,8 @@ export class TieredKVCache {
     writeBehind: boolean,
     halfLife: number,
     private readonly l1OnDevice: boolean,
+    /** Loads from L2, L3 or the model that may run at once. */
+    private readonly loadSlots: Semaphore,
   ) {
     this.l1 = new L1Blocks(budgets.l1Bytes);
     this.l2 = new L2Buffers(budgets.l2Bytes, l2Storage);
@@ -224,8 +233,10 @@ export class TieredKVCache {
     const onCuda = model.info.device === "cuda";
     const l1OnDevice = opts.l1OnDevice ?? onCuda;
     if (l1OnDevice && !onCuda) throw new DkiArgumentError('l1OnDevice needs a model loaded with device "cuda"; this one runs on the CPU');
+    const maxLoads = opts.maxConcurrentLoads ?? 2;
+    if (!Number.isInteger(maxLoads) || maxLoads < 1) throw new DkiArgumentError(`maxConcurrentLoads must be a positive integer, got ${maxLoads}`);
     const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
-    return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice);
+    return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice, new Semaphore(maxLoads));
   }
 
   /** The key a request maps to (validates the request). */
@@ -403,49 +414,62 @@ export class TieredKVCache {
 
   // ---- loading
 
+  /**
+   * A miss in L1: at most maxConcurrentLoads of these work at once (the others wait their turn),
+   * and a load's slot is held until the blocks it pushed out of L1 are back within budget, so a
+   * burst of gets cannot hold more blocks, contexts and buffers than that in memory.
+   */
   private async load(r: Identified, t0: number, now: number): Promise<Served> {
     const ctl: Job = { key: r.key, userHash: r.userHash, cancelled: false };
     this.loads.add(ctl);
     try {
-      this.misses.L1++;
-      const usage = this.usageOf(r.key) ?? new Usage(this.halfLife);
-      usage.touch(now);
-
-      // L2, or on its way from L2 to L3.
-      const e2 = this.l2.get(r.key) ?? this.leavingL2.get(r.key);
-      if (e2) {
-        const block = await this.restore(r, e2.value);
-        if (this.l2.get(r.key) === e2) this.l2.remove(r.key);
-        if (this.leavingL2.get(r.key) === e2) this.leavingL2.delete(r.key);
-        if (block) {
-          if (!ctl.cancelled) this.admitL1({ ...e2, bytes: L1Blocks.cost(block), usage, value: block });
-          return this.served("L2", block, r.key, t0);
-        }
-      }
-      this.misses.L2++;
-
-      if (this.l3.isReady(r.key)) {
-        const block = await this.readL3(r);
-        if (block) {
-          this.l3.touchFile(r.key);
-          if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: L1Blocks.cost(block), usage, value: block });
-          return this.served("L3", block, r.key, t0);
-        }
-      }
-      this.misses.L3++;
-
-      let block: KVBlock;
-      try {
-        block = await this.model.computeBlock(r.tokens, { startPos: r.startPos, prefix: r.prefix, onDevice: this.l1OnDevice });
-      } catch (e) {
-        this.misses.L4++;
-        throw e;
-      }
-      if (!ctl.cancelled) void this.store(r, block, usage);
-      return this.served("L4", block, r.key, t0);
+      return await this.loadSlots.run(async () => {
+        const served = await this.loadFromTiers(r, ctl, t0, now);
+        await this.leavingWithinBudgets();
+        return served;
+      });
     } finally {
       this.loads.delete(ctl);
     }
+  }
+
+  private async loadFromTiers(r: Identified, ctl: Job, t0: number, now: number): Promise<Served> {
+    this.misses.L1++;
+    const usage = this.usageOf(r.key) ?? new Usage(this.halfLife);
+    usage.touch(now);
+
+    // L2, or on its way from L2 to L3.
+    const e2 = this.l2.get(r.key) ?? this.leavingL2.get(r.key);
+    if (e2) {
+      const block = await this.restore(r, e2.value);
+      if (this.l2.get(r.key) === e2) this.l2.remove(r.key);
+      if (this.leavingL2.get(r.key) === e2) this.leavingL2.delete(r.key);
+      if (block) {
+        if (!ctl.cancelled) this.admitL1({ ...e2, bytes: L1Blocks.cost(block), usage, value: block });
+        return this.served("L2", block, r.key, t0);
+      }
+    }
+    this.misses.L2++;
+
+    if (this.l3.isReady(r.key)) {
+      const block = await this.readL3(r);
+      if (block) {
+        this.l3.touchFile(r.key);
+        if (!ctl.cancelled) this.admitL1({ key: r.key, userHash: r.userHash, bytes: L1Blocks.cost(block), usage, value: block });
+        return this.served("L3", block, r.key, t0);
+      }
+    }
+    this.misses.L3++;
+
+    let block: KVBlock;
+    try {
+      block = await this.model.computeBlock(r.tokens, { startPos: r.startPos, prefix: r.prefix, onDevice: this.l1OnDevice });
+    } catch (e) {
+      this.misses.L4++;
+      throw e;
+    }
+    if (!ctl.cancelled) void this.store(r, block, usage);
+    return this.served("L4", block, r.key, t0);
   }
 
   /** An L3 entry as a verified block, or null (missing, or corrupt and now dropped). */

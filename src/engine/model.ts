@@ -7,7 +7,7 @@ import type { ModelConfig } from "../formats/hf-config.js";
 import { DkiArgumentError } from "../errors.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
 import type { ChatMessage } from "../tokenizer/chat-template.js";
-import { AsyncMutex } from "../util/async-mutex.js";
+import { Semaphore } from "../util/semaphore.js";
 import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
 import { KVBlock } from "../kv/kv-block.js";
@@ -120,7 +120,7 @@ export interface ModelInfo {
 export type PromptInput = string | { messages: ChatMessage[] } | { tokens: number[] };
 
 export class Model {
-  private readonly ctxMutex = new AsyncMutex();
+  private readonly ctxMutex = new Semaphore(1);
   private defaultCtx: NativeContextHandle | null = null;
   /** Aborted by dispose(): calls waiting for the context give up, a running generation stops. */
   private readonly disposal = new AbortController();

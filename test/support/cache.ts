@@ -15,9 +15,11 @@ export async function tinyModel(seed = 1, arch: TinyArch = "llama"): Promise<Mod
   return Model.load(dir, { contextSize: 256 });
 }
 
-/** A model as the cache sees it, counting computeBlock calls. */
+/** A model as the cache sees it, counting computeBlock calls and how many ran at once. */
 export class CountingModel implements CacheModel {
   computes = 0;
+  running = 0;
+  mostRunning = 0;
   constructor(readonly inner: Model) {}
   get info() {
     return this.inner.info;
@@ -25,9 +27,14 @@ export class CountingModel implements CacheModel {
   nativeHandle() {
     return this.inner.nativeHandle();
   }
-  computeBlock(tokens: number[], opts: ComputeBlockOptions): Promise<KVBlock> {
+  async computeBlock(tokens: number[], opts: ComputeBlockOptions): Promise<KVBlock> {
     this.computes++;
-    return this.inner.computeBlock(tokens, opts);
+    this.mostRunning = Math.max(this.mostRunning, ++this.running);
+    try {
+      return await this.inner.computeBlock(tokens, opts);
+    } finally {
+      this.running--;
+    }
   }
 }
 
