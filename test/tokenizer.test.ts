@@ -270,6 +270,22 @@ describe("chat templates", () => {
     expect(() => renderChat(msgs, { template: "{{ raise_exception('no system role') }}" })).toThrow(/no system role/);
   });
 
+  test("a template that loops for minutes or eats memory is stopped with an error; the next render works", () => {
+    // Two nested range(10000) loops take ~7 minutes in @huggingface/jinja; doubling a list 40
+    // times asks for 2^40 items.
+    const slow = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}x";
+    let t0 = performance.now();
+    expect(() => renderChat(msgs, { template: slow, timeLimitMs: 300 })).toThrow(/the chat template was stopped after 300 ms: it loops too long, or needs more than 256 MB/);
+    expect(performance.now() - t0).toBeLessThan(3000);
+    const greedy = "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}{% endfor %}{{ ns.x | length }}";
+    t0 = performance.now();
+    // The worker dies at its heap limit; the main thread notices at the time limit.
+    expect(() => renderChat(msgs, { template: greedy, timeLimitMs: 1000 })).toThrow(/the chat template was stopped after 1000 ms/);
+    expect(performance.now() - t0).toBeLessThan(5000);
+    expect(renderChat(msgs.slice(1, 2), { template: "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}" })).toBe("[user]Hi!");
+    expect(() => renderChat(msgs, { template: "x", timeLimitMs: 0 })).toThrow(/timeLimitMs must be a positive number, got 0/);
+  });
+
   test("a folder's tokenizer_config.json: SmolLM2's template with its default system prompt", async () => {
     const dir = tempDir();
     copyFileSync(smolJson, join(dir, "tokenizer.json"));

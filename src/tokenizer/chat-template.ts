@@ -1,8 +1,10 @@
 // Chat templates: the Jinja `chat_template` of tokenizer_config.json rendered with
 // @huggingface/jinja, the way transformers' `apply_chat_template` renders it; ChatML when a
-// tokenizer config carries no template.
+// tokenizer config carries no template. Rendering runs in a sandbox with a time and memory limit
+// (template-sandbox.ts): a template comes with the model file and could loop for hours.
 import { Template } from "@huggingface/jinja";
 import { DkiArgumentError } from "../errors.js";
+import { CHAT_TEMPLATE_TIME_LIMIT_MS, renderTemplateSandboxed, TemplateError } from "./template-sandbox.js";
 
 export type ChatRole = "system" | "user" | "assistant";
 
@@ -24,6 +26,8 @@ export interface RenderChatOptions {
   eosToken?: string;
   /** Append the opening of an assistant turn. Default false, as in transformers. */
   addGenerationPrompt?: boolean;
+  /** A render running longer is stopped with an error (default 5000 ms). */
+  timeLimitMs?: number;
 }
 
 const ROLES: ReadonlySet<string> = new Set(["system", "user", "assistant"]);
@@ -64,19 +68,20 @@ export function renderChatML(messages: ChatMessage[], addGenerationPrompt: boole
   return out;
 }
 
-// Parsing a template costs far more than rendering it; a model keeps using the same one.
-const compiled = new Map<string, Template>();
-const MAX_COMPILED = 32;
+// Templates already checked; a model keeps using the same one.
+const checked = new Set<string>();
+const MAX_CHECKED = 32;
 
-/** Parses a Jinja template (cached). Throws the parser's error for a malformed one. */
-export function compileChatTemplate(template: string): Template {
-  let t = compiled.get(template);
-  if (!t) {
-    t = new Template(template);
-    if (compiled.size >= MAX_COMPILED) compiled.delete(compiled.keys().next().value!);
-    compiled.set(template, t);
-  }
-  return t;
+/**
+ * Parses a Jinja template to check it (a model's template is checked when its tokenizer loads,
+ * not at its first render). Throws the parser's error for a malformed template. Parsing is
+ * linear in the template's length, so it runs here, outside the sandbox.
+ */
+export function checkChatTemplate(template: string): void {
+  if (checked.has(template)) return;
+  new Template(template);
+  if (checked.size >= MAX_CHECKED) checked.delete(checked.values().next().value!);
+  checked.add(template);
 }
 
 export function renderChat(messages: ChatMessage[], opts: RenderChatOptions = {}): string {
@@ -84,20 +89,19 @@ export function renderChat(messages: ChatMessage[], opts: RenderChatOptions = {}
   const addGenerationPrompt = opts.addGenerationPrompt ?? false;
   const template = Array.isArray(opts.template) ? selectChatTemplate(opts.template) : opts.template ?? null;
   if (template === null) return renderChatML(messages, addGenerationPrompt);
-  let t: Template;
+  const timeLimitMs = opts.timeLimitMs ?? CHAT_TEMPLATE_TIME_LIMIT_MS;
+  if (!(timeLimitMs > 0) || !Number.isFinite(timeLimitMs)) throw new DkiArgumentError(`timeLimitMs must be a positive number, got ${timeLimitMs}`);
+  const context = {
+    messages: messages.map((m) => ({ role: m.role, content: m.content })),
+    bos_token: opts.bosToken ?? "",
+    eos_token: opts.eosToken ?? "",
+    add_generation_prompt: addGenerationPrompt,
+  };
   try {
-    t = compileChatTemplate(template);
+    return renderTemplateSandboxed(template, context, timeLimitMs);
   } catch (e) {
-    throw new Error(`chat template does not parse: ${(e as Error).message}`, { cause: e });
-  }
-  try {
-    return t.render({
-      messages: messages.map((m) => ({ role: m.role, content: m.content })),
-      bos_token: opts.bosToken ?? "",
-      eos_token: opts.eosToken ?? "",
-      add_generation_prompt: addGenerationPrompt,
-    });
-  } catch (e) {
-    throw new Error(`chat template failed to render: ${(e as Error).message}`, { cause: e });
+    if (!(e instanceof TemplateError)) throw e;
+    const what = e.stage === "parse" ? "does not parse" : "failed to render";
+    throw new Error(`chat template ${what}: ${e.message}`, { cause: e });
   }
 }

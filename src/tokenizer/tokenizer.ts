@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { DkiArgumentError, FormatError } from "../errors.js";
 import { SHAPE_LIMITS } from "../formats/hf-config.js";
-import { compileChatTemplate, renderChat, selectChatTemplate, type ChatMessage } from "./chat-template.js";
+import { checkChatTemplate, renderChat, selectChatTemplate, type ChatMessage } from "./chat-template.js";
 
 export interface EncodeOptions {
   /** Let the tokenizer's post-processor add its special tokens (e.g. BOS). Default true, as in HF. */
@@ -167,7 +167,7 @@ export class Tokenizer {
 
     try {
       this.chatTemplate = selectChatTemplate(config.chat_template);
-      if (this.chatTemplate !== null) compileChatTemplate(this.chatTemplate);
+      if (this.chatTemplate !== null) checkChatTemplate(this.chatTemplate);
     } catch (e) {
       throw new FormatError(cfgFile, `chat_template: ${(e as Error).message}`);
     }
