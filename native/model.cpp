@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "checksum.h"
 #include "threadpool.h"
 
 namespace dki {
@@ -44,6 +45,40 @@ struct Hasher {
 };
 
 }  // namespace
+
+// Tensors are hashed in pieces of this size, so that threads share a large tensor.
+static constexpr uint64_t kDigestPiece = 8 << 20;
+
+static uint64_t pieces_of(const TensorSpec& t) { return t.nbytes == 0 ? 0 : (t.nbytes + kDigestPiece - 1) / kDigestPiece; }
+
+std::vector<uint64_t> Model::tensor_digests() const {
+  struct Piece {
+    const unsigned char* data;
+    uint64_t n;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& t : specs_) {
+    const MappedFile* file = nullptr;
+    for (const auto& f : files_)
+      if (f->path() == t.file) file = f.get();
+    // Every tensor the forward pass uses was checked against its file already; one that is not
+    // used and lies outside its file is hashed as empty.
+    const bool inside = file && t.offset <= file->size() && t.nbytes <= file->size() - t.offset;
+    for (uint64_t k = 0; k < pieces_of(t); k++) {
+      const uint64_t at = k * kDigestPiece;
+      pieces.push_back(inside ? Piece{file->data() + t.offset + at, std::min(kDigestPiece, t.nbytes - at)} : Piece{nullptr, 0});
+    }
+  }
+  std::vector<uint64_t> digests(pieces.size());
+  thread_pool().parallel_for(int(pieces.size()), 1, [&](int a, int b) {
+    for (int i = a; i < b; i++) {
+      Checksum64 c;
+      c.update(pieces[i].data, pieces[i].n);
+      digests[i] = c.digest();
+    }
+  });
+  return digests;
+}
 
 const TensorSpec& Model::find(const std::string& name) const {
   for (const auto& t : specs_)
@@ -204,8 +239,13 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DTy
     inv_freq_[i] = f;
   }
 
-  // Fingerprint: the config plus, for every tensor, its name, dtype, shape and up to 4 KiB
-  // sampled from its start, middle and end. Any retrained or re-quantised weights change it.
+  // Fingerprint: the config plus, for every tensor, its name, dtype, shape and the checksum of
+  // all its bytes. A sample of each tensor missed changes confined to rows it did not read (a
+  // fine-tune of a few token embeddings), and K/V blocks of one model would have been injected
+  // into the other. The pieces are hashed in parallel; the pages read here are the ones the
+  // first forward pass would fault in anyway.
+  const std::vector<uint64_t> digests = tensor_digests();
+  size_t next_digest = 0;
   Hasher h;
   h.value(cfg_.vocab_size); h.value(cfg_.hidden_size); h.value(cfg_.intermediate_size); h.value(cfg_.n_layers);
   h.value(cfg_.n_heads); h.value(cfg_.n_kv_heads); h.value(cfg_.head_dim); h.value(cfg_.rope_theta);
@@ -215,15 +255,7 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DTy
     h.bytes(t.name.data(), t.name.size());
     h.value(int(t.dtype));
     for (auto d : t.shape) h.value(d);
-    const MappedFile* file = nullptr;
-    for (const auto& f : files_)
-      if (f->path() == t.file) file = f.get();
-    if (!file || t.offset > file->size() || t.nbytes > file->size() - t.offset) continue;
-    const unsigned char* base = file->data() + t.offset;
-    const uint64_t chunk = t.nbytes < 1365 ? t.nbytes : 1365;
-    h.bytes(base, chunk);
-    h.bytes(base + (t.nbytes - chunk) / 2, chunk);
-    h.bytes(base + t.nbytes - chunk, chunk);
+    for (uint64_t piece = 0; piece < pieces_of(t); piece++) h.value(digests[next_digest++]);
   }
   if (quantize == DType::Q8_0) {
     h.bytes("q8_0", 4);

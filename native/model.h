@@ -89,6 +89,8 @@ class Model {
   const TensorSpec& find(const std::string& name) const;
   Matrix matrix(const std::string& name, int rows, int cols);
   void quantize_all_q8_0();
+  // Checksums of every tensor's bytes, in pieces of up to 8 MiB, in spec order.
+  std::vector<uint64_t> tensor_digests() const;
   std::vector<float> vector_f32(const std::string& name, int n);
   const unsigned char* checked_data(const TensorSpec& t, const std::vector<int64_t>& shape);
 

@@ -1,9 +1,11 @@
 // K/V block operations, checked against recomputation and exact identities.
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { LogitsMode, native, type NativeModelHandle } from "../src/engine/native.js";
 import { KVBlock } from "../src/kv/kv-block.js";
-import { hfLlamaTiny, maxAbsDiff } from "./support/paths.js";
+import { hfLlamaTiny, maxAbsDiff, tempDir } from "./support/paths.js";
 
 let model: NativeModelHandle;
 let other: NativeModelHandle;
@@ -183,6 +185,26 @@ describe("K/V blocks", () => {
     const mine = await compute(model, tokens, 0);
     await expect(KVBlock.concat([mine, foreign])).rejects.toThrow(/another model/);
     await expect((async () => native().remapBlock(model, foreign.nativeHandle(), 3))()).rejects.toThrow(/another model/);
+  });
+
+  test("a model whose weights differ in one token's embedding row has another fingerprint", async () => {
+    // What a fine-tune of a few new tokens changes. The fingerprint used to hash 4 KiB samples
+    // of each tensor (its start, middle and end), and missed this.
+    const f = await readHfFolder(hfLlamaTiny);
+    const embed = f.tensors.find((t) => t.name === "model.embed_tokens.weight")!;
+    const copy = join(tempDir(), "model.safetensors");
+    const bytes = readFileSync(embed.file);
+    const row = Math.floor(f.config.vocabSize / 4) * f.config.hiddenSize * (embed.nbytes / (f.config.vocabSize * f.config.hiddenSize));
+    bytes[embed.offset + row] ^= 0x01;
+    writeFileSync(copy, bytes);
+    const tuned = await native().loadModel({ config: f.config, tensors: f.tensors.map((t) => (t.file === embed.file ? { ...t, file: copy } : t)) });
+    expect(tuned.info().fingerprint).not.toBe(model.info().fingerprint);
+    const block = await compute(tuned, tokens, 0);
+    const ctx = new (native().NativeContext)(model, 16);
+    expect(() => ctx.setSegments([{ block: block.nativeHandle(), alpha: 1, logit: false }])).toThrow(/another model/);
+    ctx.dispose();
+    block.dispose();
+    tuned.dispose();
   });
 
   test("disposed blocks give a clear error", async () => {
