@@ -712,7 +712,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     if (info.Length() < 2 || !info[0].IsObject() || !info[1].IsNumber()) throw_type(env, "NativeContext(model, maxTokens)");
     ModelWrap* m = ModelWrap::from(env, info[0], "first argument must be a NativeModel");
     const double n = info[1].As<Napi::Number>().DoubleValue();
-    if (!(n >= 1 && n <= 1 << 24) || n != double(int(n))) throw Napi::RangeError::New(env, "maxTokens must be an integer in 1..16777216");
+    if (!(n >= 1 && n <= kMaxContextTokens) || n != double(int(n)))
+      throw Napi::RangeError::New(env, "maxTokens must be an integer in 1.." + std::to_string(kMaxContextTokens));
     try {
       ctx_ = std::make_unique<Context>(m->model(env), int(n));
     } catch (const std::bad_alloc&) {
@@ -1068,6 +1069,24 @@ Napi::Value Cuda(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// The sizes the engine takes, for the TypeScript checks that mirror them (a test keeps the two equal).
+Napi::Object Limits(Napi::Env env) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("vocabSize", limits::kVocab);
+  o.Set("hiddenSize", limits::kHidden);
+  o.Set("intermediateSize", limits::kIntermediate);
+  o.Set("numLayers", limits::kLayers);
+  o.Set("numHeads", limits::kHeads);
+  o.Set("numKvHeads", limits::kHeads);
+  o.Set("headDim", limits::kHeadDim);
+  o.Set("headsTimesHeadDim", limits::kHeadsTimesHeadDim);
+  o.Set("blockTokens", kMaxBlockTokens);
+  o.Set("contextTokens", kMaxContextTokens);
+  o.Set("segmentTokens", kMaxSegmentTokens);
+  o.Set("position", kMaxPosition);
+  return o;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   // A DKI_SIMD the CPU cannot honour, or a DKI_PREFETCH out of range, fails the require with the
   // reason before any work runs.
@@ -1077,6 +1096,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   BlockWrap::Init(env, exports);
   ContextWrap::Init(env, exports);
   SamplerWrap::Init(env, exports);
+  exports.Set("limits", Limits(env));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("remapBlock", Napi::Function::New(env, RemapBlock));
   exports.Set("concatBlocks", Napi::Function::New(env, ConcatBlocks));

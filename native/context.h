@@ -90,8 +90,9 @@ class Context {
   std::vector<unsigned char> xq_;  // the input of a Q8_0 projection, quantised to Q8_0
 };
 
-// Tokens of all injected segments together: with a context's own tokens (at most 2^24) every
-// count of attended columns fits an int.
+// A context's own tokens at most, and those of all injected segments together: every count of
+// attended columns fits an int.
+constexpr int kMaxContextTokens = 1 << 24;
 constexpr int kMaxSegmentTokens = 1 << 24;
 
 // Largest number of tokens processed in one pass; longer inputs are split.

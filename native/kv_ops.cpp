@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "kernels/kernels.h"
+#include "model.h"
 #include "threadpool.h"
 #ifdef DKI_CUDA
 #include "cuda/cuda_backend.h"
@@ -79,8 +80,9 @@ struct Header {
 #pragma pack(pop)
 static_assert(sizeof(Header) == 64, "header layout");
 
-// Limits that keep a lying header from asking for absurd allocations.
-constexpr int32_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxTokens = 1 << 22;
+// Limits that keep a lying header from asking for absurd allocations: the model shapes the
+// engine takes.
+constexpr int32_t kMaxLayers = limits::kLayers, kMaxHeads = limits::kHeads, kMaxHeadDim = limits::kHeadDim, kMaxTokens = kMaxBlockTokens;
 
 size_t elements(const KVBlock& b) { return size_t(b.n_layers) * b.n_kv_heads * b.n_tokens * b.head_dim; }
 

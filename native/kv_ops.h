@@ -28,6 +28,9 @@ BlockPtr slice_block(const KVBlock& b, int from, int to);
 // a start plus any token count, or the difference of two starts, fits an int.
 constexpr int kMaxPosition = 1 << 29;
 
+// Tokens one K/V block holds at most (computeBlock, concat and a serialised header alike).
+constexpr int kMaxBlockTokens = 1 << 22;
+
 // Storage forms for serialisation and colder cache tiers.
 enum class KVStorage : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Int8 = 3 };
 KVStorage parse_storage(const std::string& name);

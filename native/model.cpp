@@ -11,22 +11,21 @@ namespace dki {
 
 namespace {
 
-// Sizes up to these (far above any released model: Llama 3 405B has hidden 16384, MLP 53248,
-// 128 heads of 128) keep every product the forward pass forms in an int.
 void check_config(const ModelConfig& c) {
   auto in_range = [](int v, int max, const char* name) {
     if (v <= 0 || v > max)
       throw Error(std::string("model config: ") + name + " must be from 1 to " + std::to_string(max) + ", got " + std::to_string(v));
   };
-  in_range(c.vocab_size, 1 << 24, "vocab_size");
-  in_range(c.hidden_size, 1 << 17, "hidden_size");
-  in_range(c.intermediate_size, 1 << 19, "intermediate_size");
-  in_range(c.n_layers, 1024, "num_hidden_layers");
-  in_range(c.n_heads, 1024, "num_attention_heads");
-  in_range(c.n_kv_heads, 1024, "num_key_value_heads");
-  in_range(c.head_dim, 1024, "head_dim");
-  if (int64_t(c.n_heads) * c.head_dim > (1 << 18))
-    throw Error("model config: num_attention_heads × head_dim = " + std::to_string(int64_t(c.n_heads) * c.head_dim) + " is over " + std::to_string(1 << 18));
+  in_range(c.vocab_size, limits::kVocab, "vocab_size");
+  in_range(c.hidden_size, limits::kHidden, "hidden_size");
+  in_range(c.intermediate_size, limits::kIntermediate, "intermediate_size");
+  in_range(c.n_layers, limits::kLayers, "num_hidden_layers");
+  in_range(c.n_heads, limits::kHeads, "num_attention_heads");
+  in_range(c.n_kv_heads, limits::kHeads, "num_key_value_heads");
+  in_range(c.head_dim, limits::kHeadDim, "head_dim");
+  if (int64_t(c.n_heads) * c.head_dim > limits::kHeadsTimesHeadDim)
+    throw Error("model config: num_attention_heads × head_dim = " + std::to_string(int64_t(c.n_heads) * c.head_dim) + " is over " +
+                std::to_string(limits::kHeadsTimesHeadDim));
   if (c.n_heads % c.n_kv_heads != 0) throw Error("model config: num_attention_heads is not a multiple of num_key_value_heads");
   if (c.head_dim % 2 != 0) throw Error("model config: head_dim must be even for rotary embeddings");
   if (!(c.rope_theta > 0)) throw Error("model config: rope_theta must be positive");

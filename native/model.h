@@ -12,6 +12,16 @@
 
 namespace dki {
 
+// The largest shapes the engine takes: far above any released model (Llama 3 405B has hidden
+// 16384, MLP 53248, 128 heads of 128), and small enough that every product the forward pass
+// forms fits an int. JavaScript gets them as `limits` (hf-config.ts checks files against the
+// same numbers before any work sized by them).
+namespace limits {
+constexpr int kVocab = 1 << 24, kHidden = 1 << 17, kIntermediate = 1 << 19;
+constexpr int kLayers = 1024, kHeads = 1024, kHeadDim = 1024;
+constexpr int kHeadsTimesHeadDim = 1 << 18;
+}  // namespace limits
+
 struct ModelConfig {
   int vocab_size = 0;
   int hidden_size = 0;

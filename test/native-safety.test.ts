@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { nativeConfig } from "../src/engine/model.js";
 import { native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
+import { HEADS_TIMES_HEAD_DIM_LIMIT, SHAPE_LIMITS } from "../src/formats/hf-config.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { hfLlamaTiny, repoRoot } from "./support/paths.js";
@@ -175,6 +176,12 @@ describe("arguments", () => {
     } finally {
       ctx.dispose();
     }
+  });
+
+  test("the limits the TypeScript loaders check files against are the addon's", () => {
+    const { vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads, headDim, headsTimesHeadDim } = addon.limits;
+    expect(SHAPE_LIMITS).toEqual({ vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads, headDim });
+    expect(HEADS_TIMES_HEAD_DIM_LIMIT).toBe(headsTimesHeadDim);
   });
 
   test("model shapes whose products would overflow are refused at load", async () => {

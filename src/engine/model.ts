@@ -28,9 +28,6 @@ export interface Segment {
  */
 export type PositionStrategy = "negative" | "prefix";
 
-/** Tokens a K/V block holds at most (native/kv_ops.cpp). */
-export const MAX_BLOCK_TOKENS = 1 << 22;
-
 export interface InjectionOptions {
   segments?: Segment[];
   positions?: PositionStrategy;
@@ -222,8 +219,9 @@ export class Model {
     const startPos = opts.startPos ?? 0;
     if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
     // The block's own context is made to fit it: the model's context window does not bound it.
-    this.checkTokens(tokens, "the memory", MAX_BLOCK_TOKENS);
-    if (prefix.length > 0) this.checkTokens(prefix, "the prefix", MAX_BLOCK_TOKENS);
+    const maxBlock = native().limits.blockTokens;
+    this.checkTokens(tokens, "the memory", maxBlock);
+    if (prefix.length > 0) this.checkTokens(prefix, "the prefix", maxBlock);
     const onDevice = opts.onDevice ?? false;
     if (onDevice && this.info.device !== "cuda") throw new DkiArgumentError('onDevice: the model runs on the CPU; K/V blocks live on a GPU only for a model loaded with device "cuda"');
     const ctx = this.createContext(prefix.length + tokens.length);

@@ -119,7 +119,28 @@ export interface NativeSamplerHandle {
   sample(logits: Float32Array, recent: Int32Array): number;
 }
 
+/** The sizes the engine takes (native/model.h, kv_ops.h, context.h). */
+export interface NativeLimits {
+  vocabSize: number;
+  hiddenSize: number;
+  intermediateSize: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  headsTimesHeadDim: number;
+  /** Tokens of one K/V block. */
+  blockTokens: number;
+  /** Tokens of one context's own K/V cache. */
+  contextTokens: number;
+  /** Tokens of all injected segments together. */
+  segmentTokens: number;
+  /** A block's start position stays within ± this. */
+  position: number;
+}
+
 export interface NativeAddon {
+  readonly limits: NativeLimits;
   loadModel(spec: {
     config: NativeConfig;
     tensors: NativeTensorSpec[];

@@ -113,9 +113,10 @@ export function parseHfConfig(raw: unknown, file = "config.json"): ModelConfig {
 }
 
 /**
- * The largest shapes the engine takes (native/model.cpp check_config says the same; far above any
- * released model): a file claiming more is refused before any work sized by them, such as the
- * list of expected tensors (a 390-byte GGUF claiming 2^31 layers used to take 2.6 GB and 45 s).
+ * The largest shapes the engine takes (native/model.h `limits`, which the addon exports; a test
+ * keeps the two equal; far above any released model): a file claiming more is refused before any
+ * work sized by them, such as the list of expected tensors (a 390-byte GGUF claiming 2^31 layers
+ * used to take 2.6 GB and 45 s). Kept here so that reading a file needs no addon.
  */
 export const SHAPE_LIMITS: Readonly<Record<keyof ModelShape, number>> = {
   vocabSize: 1 << 24,
@@ -126,6 +127,8 @@ export const SHAPE_LIMITS: Readonly<Record<keyof ModelShape, number>> = {
   numKvHeads: 1024,
   headDim: 1024,
 };
+/** Heads × head size at most. */
+export const HEADS_TIMES_HEAD_DIM_LIMIT = 1 << 18;
 const SHAPE_NAMES: Readonly<Record<keyof ModelShape, string>> = {
   vocabSize: "vocabulary size",
   hiddenSize: "hidden size",
@@ -143,7 +146,9 @@ export function checkConfigLimits(cfg: ModelConfig, fail: (msg: string) => never
   for (const [key, max] of Object.entries(SHAPE_LIMITS) as [keyof ModelShape, number][]) {
     if (cfg[key] > max) fail(`${SHAPE_NAMES[key]} ${cfg[key]} is more than the engine takes (${max})`);
   }
-  if (cfg.numHeads * cfg.headDim > 1 << 18) fail(`heads × head size = ${cfg.numHeads * cfg.headDim} is more than the engine takes (${1 << 18})`);
+  if (cfg.numHeads * cfg.headDim > HEADS_TIMES_HEAD_DIM_LIMIT) {
+    fail(`heads × head size = ${cfg.numHeads * cfg.headDim} is more than the engine takes (${HEADS_TIMES_HEAD_DIM_LIMIT})`);
+  }
   // Both go to the engine as float32: they must stay positive and finite there.
   if (!(cfg.rmsNormEps >= FLOAT32_MIN_NORMAL && cfg.rmsNormEps <= 1)) fail(`rms_norm_eps ${cfg.rmsNormEps} must be from ${FLOAT32_MIN_NORMAL} to 1`);
   if (!(cfg.ropeTheta <= FLOAT32_MAX)) fail(`rope_theta ${cfg.ropeTheta} is not a finite float32`);
