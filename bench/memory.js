@@ -56,6 +56,6 @@ writeResults("memory-cpu", {
   notes: [
     `Peak RSS growth (VmHWM after clear_refs) while loading the GGUF file and generating ${NEW_TOKENS} tokens with a ${CONTEXT}-token context; bound = file × 1.15 + K/V cache (fp32).`,
     "JS = growth of the V8 heap and ArrayBuffers in the same process: the SmolLM2 tokenizer's 49152 tokens and merges as JavaScript objects, whatever the model's size.",
-    "engine = growth of the model file's resident pages, the addon's and anonymous memory less JavaScript's (V8 heap, its malloc'd memory, ArrayBuffers), read at the same moment, largest over the run.",
+    "engine = growth of the model file's resident pages, the addon's and anonymous memory less JavaScript's (V8 heap, its malloc'd memory, ArrayBuffers), read at the same moment, after the load and after the generation, the larger of the two.",
   ],
 });

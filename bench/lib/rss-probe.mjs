@@ -21,10 +21,11 @@ const before = status("VmRSS:");
 writeFileSync("/proc/self/clear_refs", "5");
 // The engine's own memory at one moment: the model file's resident pages, the addon's, and the
 // anonymous memory (malloc, mmap) less what JavaScript holds of it (the V8 heap, ArrayBuffers),
-// all read together; its growth is taken at its largest over the run (after the load and at every
-// token). Pages of the node executable that running the JS tokenizer touches are not the
-// engine's (~5 MB), and subtracting JavaScript's size at the end from the peak mixed two moments:
-// a GC that shrank the heap after the peak charged the engine for it.
+// all read together, after the load and after the generation (the engine's memory only grows in
+// a run: weights paged in, K/V cache and scratch made with the context; reading smaps at every
+// token made garbage that blurred JavaScript's side). Pages of the node executable that running
+// the JS tokenizer touches are not the engine's (~5 MB), and subtracting JavaScript's size at the
+// end from the peak mixed two moments: a GC that shrank the heap after it charged the engine.
 const mapped = realpathSync(file);
 const engineOwned = (path) => path === "" || path === "[heap]" || path === mapped || path.endsWith(".node");
 function engineBytes() {
@@ -42,7 +43,7 @@ let engineGrew = 0;
 const sample = () => (engineGrew = Math.max(engineGrew, engineBytes() - engineBefore));
 const model = await Model.load(file, { contextSize: Number(contextSize) });
 sample();
-const result = await model.generate("The quick brown fox", { maxNewTokens: Number(newTokens), sampling: { temperature: 0 }, stopOnEos: false, onToken: sample });
+const result = await model.generate("The quick brown fox", { maxNewTokens: Number(newTokens), sampling: { temperature: 0 }, stopOnEos: false });
 sample();
 const peak = status("VmHWM:");
 const jsGrew = jsBytes() - jsBefore;
