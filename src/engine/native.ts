@@ -119,15 +119,8 @@ export interface NativeSamplerHandle {
   sample(logits: Float32Array, recent: Int32Array): number;
 }
 
-/** The sizes the engine takes (native/model.h, kv_ops.h, context.h). */
-export interface NativeLimits {
-  vocabSize: number;
-  hiddenSize: number;
-  intermediateSize: number;
-  numLayers: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
+/** The sizes the engine takes (native/model.h, kv_ops.h, context.h): the largest model shape, and more. */
+export interface NativeLimits extends ModelShape {
   headsTimesHeadDim: number;
   /** Tokens of one K/V block. */
   blockTokens: number;
