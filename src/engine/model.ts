@@ -219,7 +219,7 @@ export class Model {
     const startPos = opts.startPos ?? 0;
     if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
     // The block's own context is made to fit it: the model's context window does not bound it.
-    const maxBlock = native().limits.blockTokens;
+    const maxBlock = { tokens: native().limits.blockTokens, name: "a K/V block holds" };
     this.checkTokens(tokens, "the memory", maxBlock);
     if (prefix.length > 0) this.checkTokens(prefix, "the prefix", maxBlock);
     const onDevice = opts.onDevice ?? false;
@@ -338,12 +338,14 @@ export class Model {
     return this.withInjection(opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, { ...opts, signal }, segmentTokens), opts.signal);
   }
 
-  /** Token ids for `what` ("the prompt", "the memory"): not empty, at most `limit`, in the vocabulary. */
-  checkTokens(tokens: number[], what = "the prompt", limit = this.contextSize): void {
+  /**
+   * Token ids for `what` ("the prompt", "the memory"): not empty, at most `max.tokens` (by default
+   * the context window), in the vocabulary.
+   */
+  checkTokens(tokens: number[], what = "the prompt", max: { tokens: number; name: string } = { tokens: this.contextSize, name: "of the context window" }): void {
     if (tokens.length === 0) throw new DkiArgumentError(`${what} is empty`);
-    if (tokens.length > limit) {
-      const bound = limit === this.contextSize ? `the ${limit}-token context window` : `the ${limit} tokens a K/V block holds`;
-      throw new DkiArgumentError(`${what} has ${tokens.length} tokens, more than ${bound}`);
+    if (tokens.length > max.tokens) {
+      throw new DkiArgumentError(`${what} has ${tokens.length} tokens, more than the ${max.tokens} tokens ${max.name}`);
     }
     const V = this.config.vocabSize;
     for (const t of tokens) {
@@ -364,6 +366,8 @@ export class Model {
     this.disposal.abort(new Error("model has been disposed"));
     const ctx = this.defaultCtx;
     this.defaultCtx = null;
-    if (ctx) void this.ctxMutex.run(async () => ctx.dispose());
+    // The context is free once the running call is out; nothing can make its dispose throw then,
+    // and a rejection here would have no one to go to.
+    if (ctx) void this.ctxMutex.run(async () => ctx.dispose()).catch(() => {});
   }
 }
