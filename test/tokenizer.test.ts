@@ -165,6 +165,15 @@ describe("stream decoder", () => {
     const { parts, tail } = streamed(ids, { context: ctx });
     expect(parts.join("") + tail).toBe(" world 世界");
   });
+
+  test("a context ending in a real U+FFFD emits none of it; one ending inside a character emits that character whole", () => {
+    const real = streamed(tok.encode("😀 ok", { addSpecialTokens: false }), { context: tok.encode("x \uFFFD", { addSpecialTokens: false }) });
+    expect(real.parts.join("") + real.tail).toBe("😀 ok");
+    const ids = tok.encode("x 你 ok", { addSpecialTokens: false });
+    const cut = ids.findIndex((_, i) => tok.decode(ids.slice(0, i + 1)).endsWith("\uFFFD")) + 1; // inside 你
+    const split = streamed(ids.slice(cut), { context: ids.slice(0, cut) });
+    expect(split.parts.join("") + split.tail).toBe("你 ok");
+  });
 });
 
 describe("stream decoder on a SentencePiece-style tokenizer (byte fallback, leading-space strip)", () => {

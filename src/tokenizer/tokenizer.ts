@@ -23,8 +23,8 @@ export interface StreamDecoderOptions extends DecodeOptions {
   /**
    * Token ids already shown to the user (e.g. the end of the prompt). They are not emitted; they
    * give the first pushed tokens their context, so a decoder that strips a leading space at the
-   * start of a text (SentencePiece's "▁") does not strip it mid-sentence. Ids that end the
-   * context inside a character (part of its UTF-8 bytes) are emitted with the id completing it.
+   * start of a text (SentencePiece's "▁") does not strip it mid-sentence. A character the
+   * context ends inside of (part of its UTF-8 bytes) is emitted whole with the id completing it.
    */
   context?: number[];
 }
@@ -102,6 +102,18 @@ function checkTokenIds(json: Json, model: Json, file: string): void {
     for (const [token, id] of Object.entries(vocab as Json)) check(id, `vocabulary entry ${JSON.stringify(token).slice(0, 40)}`);
   }
   for (const t of (json.added_tokens as Json[] | undefined) ?? []) check(t?.id, `added token ${JSON.stringify(t?.content).slice(0, 40)}`);
+}
+
+/**
+ * What `full` adds to `prefix`: the text past their common start. Usually `full` extends
+ * `prefix`; where a context ends inside a character, `prefix` ends in U+FFFD and `full` has the
+ * completed character there instead, which then comes out whole.
+ */
+function textAfter(prefix: string, full: string): string {
+  if (full.startsWith(prefix)) return full.slice(prefix.length);
+  let i = 0;
+  while (i < prefix.length && i < full.length && prefix.charCodeAt(i) === full.charCodeAt(i)) i++;
+  return full.slice(i);
 }
 
 export class Tokenizer {
@@ -284,30 +296,24 @@ export class Tokenizer {
     const skip = opts.skipSpecialTokens ?? false;
     const ids: number[] = opts.context ? [...this.checkIds(opts.context)] : [];
     let prefixOffset = 0; // window start: the ids before readOffset give the decoder its context
+    let readOffset = ids.length; // ids before this have been emitted
     const dec = (a: number, b: number) => (b > a ? this.decodeRaw(ids.slice(a, b), skip, false) : "");
-    // Ids before this have been emitted. A context that ends inside a character (its last bytes
-    // still to come) keeps those ids unemitted, so the character comes out whole with the token
-    // that completes it instead of being cut at the context's edge.
-    let readOffset = ids.length;
-    while (readOffset > 0 && ids.length - readOffset < 4 && dec(0, readOffset).endsWith("\uFFFD")) readOffset--;
     return {
       push: (id: number): string => {
         this.checkIds([id]);
         ids.push(id);
-        const prefix = dec(prefixOffset, readOffset);
         const full = dec(prefixOffset, ids.length);
-        if (full.length > prefix.length && !full.endsWith("\uFFFD")) {
-          prefixOffset = readOffset;
-          readOffset = ids.length;
-          return full.slice(prefix.length);
-        }
-        return "";
+        if (full.endsWith("\uFFFD")) return "";
+        const text = textAfter(dec(prefixOffset, readOffset), full);
+        if (text === "") return "";
+        prefixOffset = readOffset;
+        readOffset = ids.length;
+        return text;
       },
       flush: (): string => {
-        const prefix = dec(prefixOffset, readOffset);
-        const full = dec(prefixOffset, ids.length);
+        const text = textAfter(dec(prefixOffset, readOffset), dec(prefixOffset, ids.length));
         prefixOffset = readOffset = ids.length;
-        return full.length > prefix.length ? full.slice(prefix.length) : "";
+        return text;
       },
     };
   }
