@@ -1,8 +1,11 @@
 // The tokenizer on the real SmolLM2-135M-Instruct tokenizer.json (byte-level BPE), the stream
 // detokenizer, and chat templates.
+import { spawnSync } from "node:child_process";
 import { copyFileSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { beforeAll, describe, expect, test } from "vitest";
+import { packageRoot } from "../src/engine/native.js";
 import { FormatError } from "../src/errors.js";
 import { renderChat, selectChatTemplate, type ChatMessage } from "../src/tokenizer/chat-template.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
@@ -293,6 +296,14 @@ describe("chat templates", () => {
     expect(performance.now() - t0).toBeLessThan(5000);
     expect(renderChat(msgs.slice(1, 2), { template: "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}" })).toBe("[user]Hi!");
     expect(() => renderChat(msgs, { template: "x", timeLimitMs: 0 })).toThrow(/timeLimitMs must be a positive number, got 0/);
+  });
+
+  test("the sandbox works in a process run with --input-type=module (its worker used to inherit the flag and never start)", () => {
+    const chat = pathToFileURL(join(packageRoot(), "dist", "src", "tokenizer", "chat-template.js")).href;
+    const code = `import { renderChat } from ${JSON.stringify(chat)}; console.log(renderChat([{ role: "user", content: "Hi!" }], { template: "[{{ messages[0].content }}]" }));`;
+    const r = spawnSync(process.execPath, ["--input-type=module", "-e", code], { encoding: "utf8", timeout: 20_000 });
+    expect(r.stderr).toBe("");
+    expect(r.stdout.trim()).toBe("[Hi!]");
   });
 
   test("a folder's tokenizer_config.json: SmolLM2's template with its default system prompt", async () => {

@@ -27,7 +27,13 @@ const answer = (message) => {
   Atomics.store(signal, 0, 1);
   Atomics.notify(signal, 0);
 };
-const { Template } = require(workerData.jinja);
+let Template;
+try {
+  ({ Template } = require(workerData.jinja));
+} catch (e) {
+  answer({ startError: String(e && e.message ? e.message : e) });
+  throw e;
+}
 const compiled = new Map();
 parentPort.on("message", ({ template, context }) => {
   let t = compiled.get(template);
@@ -49,7 +55,7 @@ parentPort.on("message", ({ template, context }) => {
 answer({ ready: true });
 `;
 
-type Reply = { ready: true } | { text: string } | { error: "parse" | "render"; message: string };
+type Reply = { ready: true } | { startError: string } | { text: string } | { error: "parse" | "render"; message: string };
 
 interface Sandbox {
   worker: Worker;
@@ -59,6 +65,8 @@ interface Sandbox {
 }
 
 let sandbox: Sandbox | null = null;
+/** Why the worker could not start (it would not start the next time either). */
+let startFailure: string | null = null;
 
 /**
  * Starts the worker if there is none, without waiting for it. Only a render does: a process that
@@ -71,6 +79,8 @@ function startSandbox(): void {
   const jinja = createRequire(import.meta.url).resolve("@huggingface/jinja");
   const worker = new Worker(WORKER_SOURCE, {
     eval: true,
+    // The source is CommonJS whatever the process runs with (--input-type=module made it ESM).
+    execArgv: [],
     workerData: { signal: signal.buffer, reply: port2, jinja },
     transferList: [port2],
     resourceLimits: { maxOldGenerationSizeMb: HEAP_LIMIT_MB },
@@ -99,10 +109,16 @@ export class TemplateError extends Error {
  * Error when it runs past `timeLimitMs` or the heap limit (the worker is then replaced).
  */
 export function renderTemplateSandboxed(template: string, context: Record<string, unknown>, timeLimitMs = CHAT_TEMPLATE_TIME_LIMIT_MS): string {
+  if (startFailure !== null) throw new Error(startFailure);
   startSandbox();
   const s = sandbox!;
   if (!s.ready) {
     const r = nextReply(s, STARTUP_LIMIT_MS, () => `the chat template worker did not start within ${STARTUP_LIMIT_MS / 1000} s`);
+    if ("startError" in r) {
+      startFailure = `the chat template worker could not start: ${r.startError}`;
+      stopSandbox(s);
+      throw new Error(startFailure);
+    }
     if (!("ready" in r)) throw new Error("the chat template worker answered before it was ready");
     s.ready = true;
   }
@@ -118,11 +134,15 @@ function nextReply(s: Sandbox, limitMs: number, why: () => string): Reply {
   const waited = Atomics.wait(s.signal, 0, 0, limitMs);
   const message = receiveMessageOnPort(s.reply);
   if (waited === "timed-out" || !message) {
-    void s.worker.terminate();
-    s.reply.close();
-    sandbox = null;
+    stopSandbox(s);
     throw new Error(why());
   }
   Atomics.store(s.signal, 0, 0);
   return message.message as Reply;
+}
+
+function stopSandbox(s: Sandbox): void {
+  void s.worker.terminate();
+  s.reply.close();
+  if (sandbox === s) sandbox = null;
 }
