@@ -7,6 +7,7 @@ import type { ModelConfig } from "../formats/hf-config.js";
 import { DkiArgumentError } from "../errors.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
 import type { ChatMessage } from "../tokenizer/chat-template.js";
+import { eitherSignal } from "../util/either-signal.js";
 import { Semaphore } from "../util/semaphore.js";
 import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
@@ -196,12 +197,16 @@ export class Model {
    * Runs `fn` with the model's reusable context, one caller at a time. The signal `fn` gets fires
    * when the caller's does or the model is disposed; a call still waiting its turn then rejects.
    */
-  withContext<T>(fn: (ctx: NativeContextHandle, signal: AbortSignal) => Promise<T>, signal?: AbortSignal): Promise<T> {
-    const either = signal ? AbortSignal.any([signal, this.disposal.signal]) : this.disposal.signal;
-    return this.ctxMutex.run(async () => {
-      this.defaultCtx ??= this.createContext();
-      return fn(this.defaultCtx, either);
-    }, either);
+  async withContext<T>(fn: (ctx: NativeContextHandle, signal: AbortSignal) => Promise<T>, signal?: AbortSignal): Promise<T> {
+    const either = signal ? eitherSignal([signal, this.disposal.signal]) : { signal: this.disposal.signal, release: () => {} };
+    try {
+      return await this.ctxMutex.run(async () => {
+        this.defaultCtx ??= this.createContext();
+        return fn(this.defaultCtx, either.signal);
+      }, either.signal);
+    } finally {
+      either.release();
+    }
   }
 
   /** Token ids for a prompt. Text gets the tokenizer's special tokens (BOS where the model uses one). */
