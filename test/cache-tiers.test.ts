@@ -290,13 +290,21 @@ describe("failed L3 writes", () => {
 });
 
 describe("blocks L3 cannot take", () => {
-  test("a block larger than the L3 budget is counted as skipped, and nothing is counted with L3 off", async () => {
+  test("a block larger than the L3 budget is counted as skipped once, not again as it moves down; nothing is counted with L3 off", async () => {
     const small = await TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l3Bytes: L3_FILE - 1 } });
     const hit = await small.get(req(9));
     await small.flush();
     expect(small.stats().l3Skipped).toEqual({ tooLarge: 1, noRoom: 0 });
     expect(small.locate(hit.key)).toEqual(["L1"]);
     await small.close();
+    // L1 holds one block and L2 none: six gets compute six blocks, each of which also tries L3
+    // again as it leaves L1; each block counts once.
+    const bouncing = await TieredKVCache.open({ model, dir: tempDir(), budgets: { l1Bytes: L1_BLOCK, l2Bytes: 0, l3Bytes: L3_FILE - 1 } });
+    for (const i of [10, 11, 12, 10, 11, 12]) (await bouncing.get(req(i))).release();
+    await bouncing.flush();
+    expect(bouncing.stats().L4.hits).toBe(6);
+    expect(bouncing.stats().l3Skipped).toEqual({ tooLarge: 6, noRoom: 0 });
+    await bouncing.close();
     const off = await TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l3Bytes: 0 } });
     await off.get(req(9));
     await off.flush();

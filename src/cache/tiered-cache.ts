@@ -143,9 +143,10 @@ export interface CacheStats {
   /** Failed background jobs and L3 writes (the entry is then just not cached further down). */
   backgroundErrors: number;
   /**
-   * Blocks that were to be written to L3 and were not, so will not outlive the process:
-   * `tooLarge`, bigger than the whole L3 budget; `noRoom`, the budget taken by other writes in
-   * progress. None are counted when L3 is off (a zero budget).
+   * What L3 could not take, so will not outlive the process: `tooLarge`, blocks bigger than the
+   * whole L3 budget (each block taken in, computed or put, counted once); `noRoom`, writes skipped because writes in progress held
+   * the budget (a block is tried again when it leaves L1 or L2, so one may count more than once).
+   * Nothing is counted when L3 is off (a zero budget).
    */
   l3Skipped: { tooLarge: number; noRoom: number };
   lastError?: string;
@@ -564,7 +565,10 @@ export class TieredKVCache {
     const already = this.writing.get(r.key);
     if (already) return already.done!;
     if (this.l3.holds(r.key)) return Promise.resolve();
-    if (!this.fitsL3(block)) return Promise.resolve();
+    if (!this.fitsL3(block)) {
+      if (this.l3.budget > 0) this.l3Skipped.tooLarge++; // every block the cache takes in comes here first
+      return Promise.resolve();
+    }
     const job = this.background(r.key, r.userHash, async (job) => {
       try {
         const bytes = await this.pinned(block, r.key, () => block.serialize("int8"));
@@ -662,17 +666,14 @@ export class TieredKVCache {
     await this.writeL3Bytes(e, e.usage, bytes, job);
   }
 
-  /** Whether the block's L3 entry fits the L3 budget at all; counts it when it does not. */
+  /** Whether the block's L3 entry fits the L3 budget at all. */
   private fitsL3(block: KVBlock): boolean {
-    if (this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"))) return true;
-    if (this.l3.budget > 0) this.l3Skipped.tooLarge++;
-    return false;
+    return this.l3.fits(ENTRY_HEADER_BYTES + block.serializedBytes("int8"));
   }
 
+  /** Writes a checked block's bytes to L3 (too large is ruled out by fitsL3 before). */
   private async writeL3Bytes(r: { key: string; userHash: string }, usage: Usage, bytes: Buffer, job: Job): Promise<void> {
-    const result = await this.l3.write(r.key, r.userHash, usage, bytes, () => job.cancelled);
-    if (result === "too-large") this.l3Skipped.tooLarge++;
-    else if (result === "no-room") this.l3Skipped.noRoom++;
+    if ((await this.l3.write(r.key, r.userHash, usage, bytes, () => job.cancelled)) === "no-room") this.l3Skipped.noRoom++;
   }
 
   private inL3Soon(key: string): boolean {
