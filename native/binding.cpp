@@ -4,6 +4,7 @@
 #include <napi.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -632,14 +633,24 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
   return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
-// Reads the bytes in place (no copy: a restore's bytes can be tens of MB): a reference keeps
-// them alive until the worker ends, but nothing in Node-API can stop their ArrayBuffer being
-// transferred or resized meanwhile, so only bytes the package alone holds come here
-// (kv-block.ts: KVBlock.deserialize copies a caller's bytes first).
+// Reads the bytes on a worker thread. In place (`copy` false: a reference keeps them alive), or
+// from a copy made here on the calling thread: nothing in Node-API can stop a caller's
+// ArrayBuffer being transferred or resized while the worker reads it, so only bytes the package
+// alone holds are read in place. The copy goes to pooled K/V buffer memory, which is already
+// mapped (a fresh allocation's page faults cost more than the copy).
 class DeserializeWorker : public PromiseWorker {
  public:
-  DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model, int device)
-      : PromiseWorker(env), ref_(Napi::Persistent(bytes)), data_(bytes.Data()), size_(bytes.ByteLength()), model_(std::move(model)), device_(device) {}
+  DeserializeWorker(Napi::Env env, Napi::Uint8Array bytes, std::shared_ptr<const Model> model, int device, bool copy)
+      : PromiseWorker(env), size_(bytes.ByteLength()), model_(std::move(model)), device_(device) {
+    if (copy) {
+      copy_ = Copy(static_cast<unsigned char*>(kv_buffer_alloc(size_)), FreeCopy{size_});
+      if (size_ > 0) std::memcpy(copy_.get(), bytes.Data(), size_);
+      data_ = copy_.get();
+    } else {
+      ref_ = Napi::Persistent(bytes);
+      data_ = bytes.Data();
+    }
+  }
   void Run() override {
     {
       ComputeLock lock;  // conversion uses the thread pool
@@ -654,16 +665,23 @@ class DeserializeWorker : public PromiseWorker {
   Napi::Value Resolve(Napi::Env env) override { return BlockWrap::Wrap(env, block_); }
 
  private:
+  struct FreeCopy {
+    size_t size;
+    void operator()(unsigned char* p) const { kv_buffer_free(p, size); }
+  };
+  using Copy = std::unique_ptr<unsigned char, FreeCopy>;
   Napi::Reference<Napi::Uint8Array> ref_;
-  const unsigned char* data_;
+  Copy copy_{nullptr, FreeCopy{0}};
+  const unsigned char* data_ = nullptr;
   size_t size_;
   std::shared_ptr<const Model> model_;
   int device_;
   BlockPtr block_;
 };
 
-// deserializeBlock(model | null, bytes: Uint8Array, deviceIndex = -1) → Promise<NativeKVBlock>;
-// null skips the model check; deviceIndex ≥ 0 decodes into that GPU's memory.
+// deserializeBlock(model | null, bytes: Uint8Array, deviceIndex = -1, copy = true) → Promise<NativeKVBlock>;
+// null skips the model check; deviceIndex ≥ 0 decodes into that GPU's memory; copy false reads
+// the bytes in place (the caller guarantees they stay as they are until the promise settles).
 Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::shared_ptr<const Model> m;
@@ -671,11 +689,14 @@ Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
     m = model_arg(info, 0);
   }
   if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)");
+    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)");
   int device = -1;
   if (info.Length() > 2 && !info[2].IsUndefined())
-    device = int_arg(info, 2, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number)", "deviceIndex", -1, kMaxDevice);
-  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device);
+    device = int_arg(info, 2, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)", "deviceIndex", -1, kMaxDevice);
+  if (info.Length() > 3 && !info[3].IsUndefined() && !info[3].IsBoolean())
+    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)");
+  const bool copy = info.Length() <= 3 || info[3].IsUndefined() || info[3].As<Napi::Boolean>().Value();
+  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device, copy);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;

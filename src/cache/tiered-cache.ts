@@ -35,7 +35,7 @@ import { performance } from "node:perf_hooks";
 import type { ComputeBlockOptions } from "../engine/model.js";
 import type { NativeModelHandle } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
-import { deserializeOwnedBytes, KVBlock } from "../kv/kv-block.js";
+import { KVBlock } from "../kv/kv-block.js";
 import { blockKey, checkTokenList, KEY_PATTERN, userHash } from "./keys.js";
 import { LatencyStats } from "./latency.js";
 import type { Entry } from "./tiers/budgeted-map.js";
@@ -495,7 +495,7 @@ export class TieredKVCache {
    * memory instead and the error noted; only bytes the host decode refuses too are corrupt.
    */
   private async restore(r: Identified, bytes: Buffer): Promise<KVBlock | null> {
-    const decode = (onDevice: boolean) => deserializeOwnedBytes(this.model.nativeHandle(), bytes, { onDevice });
+    const decode = (onDevice: boolean) => KVBlock.deserialize(this.model.nativeHandle(), bytes, { onDevice, inPlace: true });
     let block: KVBlock | null = null;
     try {
       block = await decode(this.l1OnDevice).catch(async (e: unknown) => {

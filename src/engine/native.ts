@@ -145,8 +145,12 @@ export interface NativeAddon {
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
   remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;
   concatBlocks(model: NativeModelHandle, blocks: NativeKVBlockHandle[]): Promise<NativeKVBlockHandle>;
-  /** deviceIndex ≥ 0: decoded on that GPU into a device block (CUDA builds). */
-  deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array, deviceIndex?: number): Promise<NativeKVBlockHandle>;
+  /**
+   * deviceIndex ≥ 0: decoded on that GPU into a device block (CUDA builds). copy (default true):
+   * the bytes are copied on the calling thread first; false reads them in place on the worker
+   * thread, and the caller must not change, transfer or resize them until the promise settles.
+   */
+  deserializeBlock(model: NativeModelHandle | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean): Promise<NativeKVBlockHandle>;
   /**
    * Engine settings (setThreads, setSimd, setPrefetch, setDecodeStreams) are checked at once and
    * take effect when no eval, load or block conversion is running: at once when idle, else when

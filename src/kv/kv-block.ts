@@ -80,7 +80,7 @@ export class KVBlock {
 
   /** The block as it comes back from storage in `storage` form (values rounded to fp16/bf16/int8). */
   async toStorage(storage: KVStorage): Promise<KVBlock> {
-    return deserializeOwnedBytes(this.model, await this.serialize(storage));
+    return KVBlock.deserialize(this.model, await this.serialize(storage), { inPlace: true });
   }
 
   /** Payload bytes of this block in a storage form. */
@@ -112,13 +112,21 @@ export class KVBlock {
    * Parses and verifies bytes from serialize(); refuses corrupt data and other models' blocks.
    * onDevice (a model on CUDA): the payload is decoded on the model's GPU into a device block,
    * after every check has passed on the host. The block is what the bytes held at the call: they
-   * are copied first, so the caller may change, transfer or resize them at once.
+   * are copied first (on this thread, into pooled memory), so the caller may change, transfer or
+   * resize them at once; `inPlace` skips the copy for bytes nothing will touch until the promise
+   * settles.
    */
   static async deserialize(model: NativeModelHandle, bytes: Uint8Array, opts: DeserializeOptions = {}): Promise<KVBlock> {
     if (!(bytes instanceof Uint8Array)) throw new DkiArgumentError("deserialize: bytes must be a Uint8Array (or a Buffer)");
-    // The worker thread reads the bytes while JavaScript runs, and nothing in Node-API stops a
-    // caller's buffer being transferred or shrunk meanwhile (the reads would hit freed memory).
-    return deserializeOwnedBytes(model, new Uint8Array(bytes), opts);
+    let deviceIndex = -1;
+    if (opts.onDevice) {
+      const info = model.info();
+      if (info.device !== "cuda") throw new DkiArgumentError('deserialize: onDevice needs a model loaded with device "cuda"; this one runs on the CPU');
+      deviceIndex = info.deviceIndex;
+    }
+    // Without the copy, the worker thread reads the bytes while JavaScript runs, and nothing in
+    // Node-API stops a caller's buffer being transferred or shrunk meanwhile.
+    return new KVBlock(await native().deserializeBlock(model, bytes, deviceIndex, !opts.inPlace), model);
   }
 
   /**
@@ -156,19 +164,9 @@ export class KVBlock {
 export interface DeserializeOptions {
   /** Decode into the GPU memory of the model's device (a model loaded on CUDA). */
   onDevice?: boolean;
-}
-
-/**
- * KVBlock.deserialize without the copy, for bytes only this package holds (the cache's L2
- * buffers and the L3 files it read): they are read in place on a worker thread, so nothing may
- * change, transfer or resize them until the promise settles.
- */
-export async function deserializeOwnedBytes(model: NativeModelHandle, bytes: Uint8Array, opts: DeserializeOptions = {}): Promise<KVBlock> {
-  let deviceIndex = -1;
-  if (opts.onDevice) {
-    const info = model.info();
-    if (info.device !== "cuda") throw new DkiArgumentError('deserialize: onDevice needs a model loaded with device "cuda"; this one runs on the CPU');
-    deviceIndex = info.deviceIndex;
-  }
-  return new KVBlock(await native().deserializeBlock(model, bytes, deviceIndex), model);
+  /**
+   * Read the bytes where they are, on a worker thread, instead of a copy: the caller promises not
+   * to change, transfer or resize them until the promise settles (the cache's own buffers).
+   */
+  inPlace?: boolean;
 }

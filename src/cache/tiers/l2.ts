@@ -1,7 +1,7 @@
 // L2: serialised blocks in host RAM as fp16 or bf16 (half the bytes of fp32). Costed by buffer
 // length. Encoding and decoding run on libuv worker threads (KVBlock.serialize/deserialize); the
 // serialised form carries its own checksum, so a restore also verifies the bytes.
-import { deserializeOwnedBytes, type KVBlock } from "../../kv/kv-block.js";
+import { KVBlock } from "../../kv/kv-block.js";
 import type { NativeModelHandle } from "../../engine/native.js";
 import { BudgetedMap } from "./budgeted-map.js";
 
@@ -22,6 +22,6 @@ export class L2Buffers extends BudgetedMap<Buffer> {
   }
 
   decode(model: NativeModelHandle, bytes: Buffer): Promise<KVBlock> {
-    return deserializeOwnedBytes(model, bytes);
+    return KVBlock.deserialize(model, bytes, { inPlace: true }); // nothing else holds L2's buffers
   }
 }
