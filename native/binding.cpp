@@ -696,7 +696,12 @@ Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   if (info.Length() > 3 && !info[3].IsUndefined() && !info[3].IsBoolean())
     throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)");
   const bool copy = info.Length() <= 3 || info[3].IsUndefined() || info[3].As<Napi::Boolean>().Value();
-  auto* w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device, copy);
+  DeserializeWorker* w;
+  try {
+    w = new DeserializeWorker(env, info[1].As<Napi::Uint8Array>(), m, device, copy);
+  } catch (const std::bad_alloc&) {
+    throw Napi::Error::New(env, "out of memory copying " + std::to_string(info[1].As<Napi::Uint8Array>().ByteLength()) + " bytes to deserialize");
+  }
   Napi::Promise p = w->promise();
   w->Queue();
   return p;

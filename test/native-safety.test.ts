@@ -72,6 +72,7 @@ describe("threads and lifetimes", () => {
         restored.dispose();
       }
       await expect(KVBlock.deserialize(model, 7 as unknown as Uint8Array)).rejects.toThrow(/deserialize: bytes must be a Uint8Array/);
+      expect(() => addon.deserializeBlock(model, serialized, -1, "yes" as unknown as boolean)).toThrow(/copy\?: boolean/);
       block.dispose();
     } finally {
       ctx.dispose();
