@@ -65,7 +65,7 @@ interface Sandbox {
 }
 
 let sandbox: Sandbox | null = null;
-/** Why the worker could not start (it would not start the next time either). */
+/** Why the worker could not start: later renders fail at once with it instead of trying again. */
 let startFailure: string | null = null;
 
 /**
@@ -113,7 +113,8 @@ export function renderTemplateSandboxed(template: string, context: Record<string
   startSandbox();
   const s = sandbox!;
   if (!s.ready) {
-    const r = nextReply(s, STARTUP_LIMIT_MS, () => `the chat template worker did not start within ${STARTUP_LIMIT_MS / 1000} s`);
+    // A worker that never answers is not tried again: each try would block this thread as long.
+    const r = nextReply(s, STARTUP_LIMIT_MS, () => (startFailure = `the chat template worker did not start within ${STARTUP_LIMIT_MS / 1000} s`));
     if ("startError" in r) {
       startFailure = `the chat template worker could not start: ${r.startError}`;
       stopSandbox(s);
