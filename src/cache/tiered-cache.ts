@@ -78,7 +78,11 @@ export interface TieredKVCacheOptions {
   budgets: CacheBudgets;
   /** Form of L2 entries (default "f16"). */
   l2Storage?: L2Storage;
-  /** true (default): put() returns once the block is in L1 and the L3 write runs in the background (flush() waits for it). false: put() waits for it. */
+  /**
+   * true (default): put() returns once the block is in L1 and the L3 write runs in the background
+   * (flush() waits for it). false: put() waits for it. Either way the write can be skipped or
+   * fail (stats().l3Skipped, backgroundErrors); `locate(key)` says whether the entry is in L3.
+   */
   writeBehind?: boolean;
   /** Accesses (gets and puts) after which an entry's use count has halved in the eviction score (default 64). */
   recencyHalfLife?: number;
