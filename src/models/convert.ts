@@ -186,7 +186,6 @@ export function permutedSourceRow(row: number, headDim: number): number {
   return h * headDim + (r % 2) * (headDim / 2) + (r >> 1);
 }
 
-/** llama.cpp's quantize_row_q8_0_ref, bit for bit: d = amax/127 as fp16, q = roundf(x/d), all in float32. */
 /** A GGUF written over one of the files it is made from would destroy the source model. */
 async function refuseOverwritingInput(out: string, inputs: string[]): Promise<void> {
   const real = (f: string) => realpath(f).catch(() => resolve(f));
@@ -196,6 +195,7 @@ async function refuseOverwritingInput(out: string, inputs: string[]): Promise<vo
   }
 }
 
+/** llama.cpp's quantize_row_q8_0_ref, bit for bit: d = amax/127 as fp16, q = roundf(x/d), all in float32. */
 export function quantizeQ8_0(x: Float32Array, out: Uint8Array, outOffset = 0): void {
   if (x.length % 32 !== 0) throw new Error(`Q8_0 needs a multiple of 32 values, got ${x.length}`);
   let o = outOffset;
