@@ -326,17 +326,22 @@ export class Tokenizer {
     let out = this.undecodable.get(limit);
     if (!out) {
       out = [];
-      for (let id = 0; id < limit; id++) if (id >= this.vocabSize || this.hf.id_to_token(id) === undefined) out.push(id);
+      for (let id = 0; id < limit; id++) if (!this.knows(id)) out.push(id);
       this.undecodable.set(limit, out);
     }
     return out;
   }
   private readonly undecodable = new Map<number, number[]>();
 
+  /** Whether `id` names a token of this tokenizer (one it can decode). */
+  private knows(id: number): boolean {
+    return Number.isInteger(id) && id >= 0 && id < this.vocabSize && this.hf.id_to_token(id) !== undefined;
+  }
+
   private checkIds(ids: ArrayLike<number>): number[] {
     const out = Array.from(ids);
     for (const id of out) {
-      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize || this.hf.id_to_token(id) === undefined) {
+      if (!this.knows(id)) {
         throw new DkiArgumentError(`token id ${id} is not in the tokenizer's vocabulary (0..${this.vocabSize - 1})`);
       }
     }
