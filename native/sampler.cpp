@@ -54,16 +54,18 @@ int Sampler::sample(const float* logits, int vocab, const int32_t* recent, int n
     }
   }
   if (p_.temperature == 0.f) return int(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  // Each id's unnormalised probability, computed once: every draw below reads these.
   const float mx = *std::max_element(work_.begin(), work_.end());
+  weight_.resize(vocab);
   double total = 0;
-  for (int i = 0; i < vocab; i++) total += std::exp(double(work_[i] - mx) / p_.temperature);
+  for (int i = 0; i < vocab; i++) total += weight_[i] = std::exp(double(work_[i] - mx) / p_.temperature);
 
   // Neither top-k nor top-p cuts anything: one draw over the whole distribution, no sorting (a
   // sort that grows until it holds all the mass sorted all 49152 ids: 14 ms a token).
   if ((p_.top_k == 0 || p_.top_k >= vocab) && p_.top_p >= 1.f) {
     double r = uniform() * total;
     for (int i = 0; i < vocab; i++) {
-      r -= std::exp(double(work_[i] - mx) / p_.temperature);
+      r -= weight_[i];
       if (r < 0) return i;
     }
     return int(std::max_element(work_.begin(), work_.end()) - work_.begin());  // r lost to rounding
@@ -82,7 +84,7 @@ int Sampler::sample(const float* logits, int vocab, const int32_t* recent, int n
     double mass = 0;
     keep = 0;
     while (keep < sorted) {
-      mass += std::exp(double(work_[order_[keep]] - mx) / p_.temperature) / total;
+      mass += weight_[order_[keep]] / total;
       keep++;
       if (mass >= p_.top_p) break;
     }
@@ -90,10 +92,10 @@ int Sampler::sample(const float* logits, int vocab, const int32_t* recent, int n
     sorted = std::min(k_limit, sorted * 4);
   }
   double kept_mass = 0;
-  for (int i = 0; i < keep; i++) kept_mass += std::exp(double(work_[order_[i]] - mx) / p_.temperature);
+  for (int i = 0; i < keep; i++) kept_mass += weight_[order_[i]];
   double r = uniform() * kept_mass;
   for (int i = 0; i < keep; i++) {
-    r -= std::exp(double(work_[order_[i]] - mx) / p_.temperature);
+    r -= weight_[order_[i]];
     if (r < 0) return order_[i];
   }
   return order_[keep - 1];

@@ -25,6 +25,7 @@ class Sampler {
   SamplingParams p_;
   uint64_t state_[4];
   std::vector<float> work_;
+  std::vector<double> weight_;  // exp((logit - max) / T) of each id, for the draw
   std::vector<int> order_;
 };
 
