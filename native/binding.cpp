@@ -688,13 +688,11 @@ Napi::Value DeserializeBlock(const Napi::CallbackInfo& info) {
   if (info.Length() > 0 && !info[0].IsNull()) {
     m = model_arg(info, 0);
   }
-  if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)");
+  const char* usage = "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)";
+  if (info.Length() < 2 || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) throw_type(env, usage);
   int device = -1;
-  if (info.Length() > 2 && !info[2].IsUndefined())
-    device = int_arg(info, 2, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)", "deviceIndex", -1, kMaxDevice);
-  if (info.Length() > 3 && !info[3].IsUndefined() && !info[3].IsBoolean())
-    throw_type(env, "deserializeBlock(model | null, bytes: Uint8Array, deviceIndex?: number, copy?: boolean)");
+  if (info.Length() > 2 && !info[2].IsUndefined()) device = int_arg(info, 2, usage, "deviceIndex", -1, kMaxDevice);
+  if (info.Length() > 3 && !info[3].IsUndefined() && !info[3].IsBoolean()) throw_type(env, usage);
   const bool copy = info.Length() <= 3 || info[3].IsUndefined() || info[3].As<Napi::Boolean>().Value();
   DeserializeWorker* w;
   try {

@@ -57,9 +57,7 @@ std::vector<uint64_t> Model::tensor_digests() const {
   };
   std::vector<Piece> pieces;
   for (const auto& t : specs_) {
-    const MappedFile* file = nullptr;
-    for (const auto& f : files_)
-      if (f->path() == t.file) file = f.get();
+    const MappedFile* file = mapped(t.file);
     // Every tensor the forward pass uses was checked against its file already; one that is not
     // used and lies outside its file is hashed as empty.
     const bool inside = file && t.offset <= file->size() && t.nbytes <= file->size() - t.offset;
@@ -77,6 +75,12 @@ std::vector<uint64_t> Model::tensor_digests() const {
     }
   });
   return digests;
+}
+
+const MappedFile* Model::mapped(const std::string& path) const {
+  for (const auto& f : files_)
+    if (f->path() == path) return f.get();
+  return nullptr;
 }
 
 const TensorSpec& Model::find(const std::string& name) const {
@@ -99,9 +103,7 @@ const unsigned char* Model::checked_data(const TensorSpec& t, const std::vector<
   if (t.nbytes != dtype_bytes(t.dtype, elements))
     throw Error(t.file + ": tensor \"" + t.name + "\" has " + std::to_string(t.nbytes) + " bytes, its shape and dtype need " +
                 std::to_string(dtype_bytes(t.dtype, elements)));
-  const MappedFile* file = nullptr;
-  for (const auto& f : files_)
-    if (f->path() == t.file) file = f.get();
+  const MappedFile* file = mapped(t.file);
   if (!file) throw Error("internal: file " + t.file + " not mapped");
   if (t.offset > file->size() || t.nbytes > file->size() - t.offset)
     throw Error(t.file + ": tensor \"" + t.name + "\" at bytes " + std::to_string(t.offset) + "+" + std::to_string(t.nbytes) +

@@ -97,6 +97,8 @@ class Model {
 
  private:
   const TensorSpec& find(const std::string& name) const;
+  // The mapped file at `path`, or null.
+  const MappedFile* mapped(const std::string& path) const;
   Matrix matrix(const std::string& name, int rows, int cols);
   void quantize_all_q8_0();
   // Checksums of every tensor's bytes, in pieces of up to 8 MiB, in spec order.
