@@ -148,9 +148,9 @@ export interface CacheStats {
   backgroundErrors: number;
   /**
    * What L3 could not take, so will not outlive the process: `tooLarge`, blocks bigger than the
-   * whole L3 budget (each block taken in, computed or put, counted once); `noRoom`, writes skipped because writes in progress held
-   * the budget (a block is tried again when it leaves L1 or L2, so one may count more than once).
-   * Nothing is counted when L3 is off (a zero budget).
+   * whole L3 budget (each block taken in, computed or put, counted once); `noRoom`, writes
+   * skipped because writes in progress held the budget (a block is tried again when it leaves L1
+   * or L2, so one may count more than once). Nothing is counted when L3 is off (a zero budget).
    */
   l3Skipped: { tooLarge: number; noRoom: number };
   lastError?: string;
