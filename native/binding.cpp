@@ -79,6 +79,23 @@ class ComputeLock {
 
 [[noreturn]] void throw_type(Napi::Env env, const std::string& msg) { throw Napi::TypeError::New(env, msg); }
 
+// f(), with a dki::Error (the engine refusing an input or a state) thrown on as a JS error of
+// class E, its message unchanged.
+template <class E = Napi::Error, class F>
+auto js_errors(Napi::Env env, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const dki::Error& e) {
+    throw E::New(env, e.what());
+  }
+}
+
+// Argument 0 as a storage form ("f32", "f16", "bf16", "int8").
+KVStorage storage_arg(const Napi::CallbackInfo& info, const char* usage) {
+  if (info.Length() < 1 || !info[0].IsString()) throw_type(info.Env(), usage);
+  return js_errors(info.Env(), [&] { return parse_storage(info[0].As<Napi::String>()); });
+}
+
 double get_number(const Napi::Object& o, const char* key) {
   Napi::Value v = o.Get(key);
   if (!v.IsNumber()) throw_type(o.Env(), std::string("\"") + key + "\" must be a number");
@@ -391,7 +408,7 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
     Napi::Function f = DefineClass(env, "NativeKVBlock",
                                    {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose),
                                     InstanceMethod("scaleValues", &BlockWrap::ScaleValues), InstanceMethod("slice", &BlockWrap::Slice),
-                                    InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes),
+                                    InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes), InstanceMethod("serializedBytes", &BlockWrap::SerializedBytes),
                                     InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values),
                                     InstanceMethod("toDevice", &BlockWrap::ToDevice), InstanceMethod("toHost", &BlockWrap::ToHost)});
     classes(env).block = Napi::Persistent(f);
@@ -477,14 +494,15 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   }
   // serialize(storage: "f32" | "f16" | "bf16" | "int8") → Promise<Buffer>
   Napi::Value Serialize(const Napi::CallbackInfo& info);
+  // storageBytes(storage) → payload bytes in that form; serializedBytes(storage) → the length of
+  // serialize(storage): header, token ids and payload.
   Napi::Value StorageBytes(const Napi::CallbackInfo& info) {
     auto b = block(info.Env());
-    if (info.Length() < 1 || !info[0].IsString()) throw_type(info.Env(), "storageBytes(storage: string)");
-    try {
-      return Napi::Number::New(info.Env(), double(storage_bytes(*b, parse_storage(info[0].As<Napi::String>()))));
-    } catch (const dki::Error& e) {
-      throw Napi::Error::New(info.Env(), e.what());
-    }
+    return Napi::Number::New(info.Env(), double(storage_bytes(*b, storage_arg(info, "storageBytes(storage: string)"))));
+  }
+  Napi::Value SerializedBytes(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    return Napi::Number::New(info.Env(), double(serialized_bytes(*b, storage_arg(info, "serializedBytes(storage: string)"))));
   }
   // keys() / values(): copies of the fp32 tensors, [layer][kv_head][token][head_dim], for tests and analysis.
   Napi::Value Keys(const Napi::CallbackInfo& info) { return Copy(info.Env(), host_tensors(info.Env(), "keys").k); }
@@ -515,11 +533,7 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
 
  private:
   const KVBlock& host_tensors(Napi::Env env, const char* op) const {
-    try {
-      return host_kv(*block(env), op);
-    } catch (const dki::Error& e) {
-      throw Napi::Error::New(env, e.what());
-    }
+    return js_errors(env, [&]() -> const KVBlock& { return host_kv(*block(env), op); });
   }
   static Napi::Value Copy(Napi::Env env, const KVStore& v) {
     Napi::Float32Array a = Napi::Float32Array::New(env, v.size());
@@ -584,15 +598,8 @@ class SerializeWorker : public PromiseWorker {
 Napi::Value BlockWrap::Serialize(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   auto b = block(env);
-  if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "serialize(storage: string)");
-  const std::string name = info[0].As<Napi::String>();
-  KVStorage s;
-  try {
-    s = parse_storage(name);
-  } catch (const dki::Error& e) {
-    throw Napi::Error::New(env, e.what());
-  }
-  auto* w = new SerializeWorker(env, b, s, name);
+  const KVStorage s = storage_arg(info, "serialize(storage: string)");
+  auto* w = new SerializeWorker(env, b, s, info[0].As<Napi::String>());
   Napi::Promise p = w->promise();
   w->Queue();
   return p;
@@ -834,11 +841,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
     const int n = int_arg(info, 0, "truncate(n: number)", "n", 0, kIntMax);
-    try {
-      c.truncate(n);
-    } catch (const dki::Error& e) {
-      throw Napi::RangeError::New(env, e.what());
-    }
+    js_errors<Napi::RangeError>(env, [&] { c.truncate(n); });
     return env.Undefined();
   }
 
@@ -867,11 +870,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       segs.push_back(std::move(s));
     }
     Context& c = ctx(env);
-    try {
-      c.set_segments(std::move(segs));
-    } catch (const dki::Error& e) {
-      throw Napi::Error::New(env, e.what());
-    }
+    js_errors(env, [&] { c.set_segments(std::move(segs)); });
     return env.Undefined();
   }
 
@@ -882,11 +881,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     if (info.Length() > 2 && !info[2].IsBoolean() && !info[2].IsUndefined()) throw_type(env, usage);
     const int from = int_arg(info, 0, usage, "from", 0, kIntMax), to = int_arg(info, 1, usage, "to", 0, kIntMax);
     const bool on_device = info.Length() > 2 && info[2].IsBoolean() && info[2].As<Napi::Boolean>().Value();
-    try {
-      return BlockWrap::Wrap(env, c.export_block(from, to, on_device));
-    } catch (const dki::Error& e) {
-      throw Napi::RangeError::New(env, e.what());
-    }
+    return BlockWrap::Wrap(env, js_errors<Napi::RangeError>(env, [&] { return c.export_block(from, to, on_device); }));
   }
 
   // setAttentionProbe(layer: number), -1 to stop
@@ -894,11 +889,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
     const int layer = int_arg(info, 0, "setAttentionProbe(layer: number)", "layer", -1, kIntMax);
-    try {
-      c.set_attention_probe(layer);
-    } catch (const dki::Error& e) {
-      throw Napi::RangeError::New(env, e.what());
-    }
+    js_errors<Napi::RangeError>(env, [&] { c.set_attention_probe(layer); });
     return env.Undefined();
   }
 
@@ -964,11 +955,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
     double seed = get_number(o, "seed");
     if (seed < 0 || seed != double(uint64_t(seed))) throw_type(env, "seed must be a non-negative integer");
     p.seed = uint64_t(seed);
-    try {
-      sampler_ = std::make_unique<Sampler>(p);
-    } catch (const dki::Error& e) {
-      throw Napi::RangeError::New(env, e.what());
-    }
+    sampler_ = js_errors<Napi::RangeError>(env, [&] { return std::make_unique<Sampler>(p); });
   }
 
  private:
@@ -1025,11 +1012,7 @@ Napi::Value SetSimd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "setSimd(name: string)");
   const std::string name = info[0].As<Napi::String>().Utf8Value();
-  try {
-    check_simd(name);
-  } catch (const dki::Error& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  js_errors(env, [&] { check_simd(name); });
   g_settings.request([name] { set_simd(name); });
   return env.Undefined();
 }
@@ -1037,11 +1020,7 @@ Napi::Value SetSimd(const Napi::CallbackInfo& info) {
 Napi::Value Simd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object o = Napi::Object::New(env);
-  try {
-    o.Set("active", kernels().name);
-  } catch (const dki::Error& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  o.Set("active", js_errors(env, [] { return kernels().name; }));
   auto names = available_simd();
   Napi::Array a = Napi::Array::New(env, names.size());
   for (size_t i = 0; i < names.size(); i++) a.Set(uint32_t(i), names[i]);
@@ -1076,11 +1055,7 @@ Napi::Value Cuda(const Napi::CallbackInfo& info) {
 #ifdef DKI_CUDA
   std::string why;
   const int n = cuda_device_count(&why);
-  try {
-    for (int i = 0; i < n; i++) names.Set(uint32_t(i), cuda_device_name(i));
-  } catch (const dki::Error& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  for (int i = 0; i < n; i++) names.Set(uint32_t(i), js_errors(env, [i] { return cuda_device_name(i); }));
   o.Set("built", true);
   o.Set("devices", n);
   o.Set("reason", why);

@@ -189,6 +189,10 @@ size_t storage_bytes(const KVBlock& b, KVStorage storage) {
   return payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
 }
 
+size_t serialized_bytes(const KVBlock& b, KVStorage storage) {
+  return sizeof(Header) + size_t(b.n_tokens) * 4 + storage_bytes(b, storage);
+}
+
 namespace {
 // A block's checksum from those of its header (checksum field zeroed) and its body.
 uint64_t block_checksum(uint64_t head, uint64_t body) {
@@ -310,8 +314,8 @@ void decode_payload(KVBlock& b, KVStorage storage, const unsigned char* src) {
 }  // namespace
 
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
-  const size_t body = size_t(b.n_tokens) * 4 + payload_bytes(b.n_layers, b.n_kv_heads, b.n_tokens, b.head_dim, storage);
-  std::vector<unsigned char> out(sizeof(Header) + body);
+  std::vector<unsigned char> out(serialized_bytes(b, storage));
+  const size_t body = out.size() - sizeof(Header);
   size_t at = sizeof(Header);
   for (int32_t t : b.tokens) put(out, at, t);
 #ifdef DKI_CUDA

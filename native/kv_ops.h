@@ -47,5 +47,7 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage);
 BlockPtr deserialize_block(const unsigned char* data, size_t size, uint64_t expected_fingerprint, int device = -1);
 // Bytes a block takes in a storage form (payload only, without header and token ids).
 size_t storage_bytes(const KVBlock& b, KVStorage storage);
+// Bytes of serialize_block(b, storage): header, token ids, payload.
+size_t serialized_bytes(const KVBlock& b, KVStorage storage);
 
 }  // namespace dki

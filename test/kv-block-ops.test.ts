@@ -90,6 +90,10 @@ describe("K/V blocks", () => {
     expect(b.storageBytes("f16")).toBe(f32 / 2);
     expect(b.storageBytes("bf16")).toBe(f32 / 2);
     expect(b.storageBytes("int8")).toBeLessThan(f32 / 3.2);
+    for (const storage of ["f32", "f16", "bf16", "int8"] as const) {
+      expect(b.serializedBytes(storage), storage).toBe((await b.serialize(storage)).length);
+    }
+    expect(() => b.serializedBytes("f8" as "f16")).toThrow(/f8/);
     const maxK = Math.max(...Array.from(b.keys(), Math.abs));
     const maxV = Math.max(...Array.from(b.values(), Math.abs));
     for (const [storage, rel] of [["f16", 1e-3], ["bf16", 8e-3], ["int8", 1 / 127]] as const) {

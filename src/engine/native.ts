@@ -55,6 +55,7 @@ export interface NativeKVBlockHandle {
   slice(from: number, to: number): Promise<NativeKVBlockHandle>;
   serialize(storage: KVStorage): Promise<Buffer>;
   storageBytes(storage: KVStorage): number;
+  serializedBytes(storage: KVStorage): number;
   keys(): Float32Array;
   values(): Float32Array;
   /** The block with K and V in that GPU's memory (itself if they are there). CUDA builds only. */

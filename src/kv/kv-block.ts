@@ -5,9 +5,6 @@ import { constants as bufferConstants } from "node:buffer";
 import { DkiArgumentError } from "../errors.js";
 import { native, type KVStorage, type NativeKVBlockHandle, type NativeModelHandle } from "../engine/native.js";
 
-/** Bytes of the serialised block header (native/kv_ops.cpp). */
-export const BLOCK_HEADER_BYTES = 64;
-
 export type { KVStorage };
 
 export class KVBlock {
@@ -90,7 +87,7 @@ export class KVBlock {
 
   /** Exact length of serialize(storage): header, int32 token ids, payload. */
   serializedBytes(storage: KVStorage): number {
-    return BLOCK_HEADER_BYTES + 4 * this.nTokens + this.storageBytes(storage);
+    return this.nativeHandle().serializedBytes(storage);
   }
 
   /**
