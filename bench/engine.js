@@ -1,7 +1,7 @@
 // Prefill and decode throughput of the native engine on random-weight models at real shapes:
 // first on HF folders (F16/BF16), then against llama.cpp (node-llama-cpp) on the same GGUF files.
 // Usage: node bench/engine.js [--quick] [--gguf-only]   (quick: smollm2-135m only)
-import { closeSync, existsSync, fsyncSync, openSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, openSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Bench } from "tinybench";
 import { convertHfToGguf } from "../dist/src/models/convert.js";
@@ -70,6 +70,7 @@ if (!ggufOnly) writeResults("engine-cpu", {
 // The same GGUF file through this engine and through llama.cpp, same thread count, one run.
 
 const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
+const nodeLlamaCppVersion = JSON.parse(readFileSync(new URL("../node_modules/node-llama-cpp/package.json", import.meta.url), "utf8")).version;
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false });
 const threads = native().getThreads();
 
@@ -167,7 +168,7 @@ writeResults(`engine-vs-llamacpp-cpu${simdSuffix}`, {
   notes: [
     `Same GGUF file (converted here from the random-weight F16 HF folder) and ${threads} threads for both engines, in one run; ratio = ours ÷ llama.cpp's tokens/s (> 1: we are faster).`,
     `pp512: one ${PREFILL}-token prompt (llama.cpp: evaluateWithoutGeneratingNewTokens, batch ${PREFILL}); tg128: ${DECODE} greedy single-token steps after a 16-token prompt.`,
-    `llama.cpp ${llama.llamaCppRelease.release} through node-llama-cpp (prebuilt CPU binary, ${llama.buildType}); its system info: ${llama.systemInfo.trim()}`,
+    `llama.cpp (release tag ${llama.llamaCppRelease.release}) through node-llama-cpp ${nodeLlamaCppVersion} (prebuilt CPU binary, ${llama.buildType}); its system info: ${llama.systemInfo.trim()}`,
     "Targets of the issue on this 2-core machine: tg ≥ 1.0× and, for Q8_0, pp ≥ 0.8×.",
   ],
 });
