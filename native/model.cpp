@@ -111,6 +111,7 @@ const unsigned char* Model::checked_data(const TensorSpec& t, const std::vector<
   const uint64_t align = t.dtype == DType::F32 ? 4 : t.dtype == DType::Q8_0 ? 1 : 2;
   if (t.offset % align != 0)
     throw Error(t.file + ": tensor \"" + t.name + "\" data is not aligned to its element size");
+  used_[size_t(&t - specs_.data())] = true;
   param_count_ += elements;
   weight_bytes_ += t.nbytes;
   return file->data() + t.offset;
@@ -153,12 +154,26 @@ void Model::quantize_all_q8_0() {
   if (!cfg_.tie_word_embeddings) all.push_back(&lm_head_);
   for (auto& L : layers_)
     for (Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(m);
+  auto bytes_of = [&all] {
+    uint64_t n = 0;
+    for (const Matrix* m : all) n += dtype_bytes(m->dtype, uint64_t(m->rows) * m->cols);
+    return n;
+  };
+  const uint64_t mapped_bytes = bytes_of();
+  // A matrix already in its final form is used where it is mapped: the files then stay open.
+  bool uses_mapped = false;
   for (Matrix* m : all) {
-    if (m->dtype == DType::Q8_0) continue;
+    if (m->dtype == DType::Q8_0) {
+      uses_mapped = true;
+      continue;
+    }
     if (m->cols % kQ8Block != 0) {
       // Rows that do not split into 32-blocks become F16, as llama.cpp's converter does, so a
       // folder quantised here and its Q8_0 GGUF conversion hold the same weights.
-      if (m->dtype == DType::F16) continue;
+      if (m->dtype == DType::F16) {
+        uses_mapped = true;
+        continue;
+      }
       std::vector<unsigned char> h(size_t(m->rows) * m->cols * 2);
       uint16_t* out = reinterpret_cast<uint16_t*>(h.data());
       for (size_t i = 0; i < size_t(m->rows) * m->cols; i++) out[i] = f32_to_f16(load_as_f32(m->data, m->dtype, i));
@@ -180,12 +195,26 @@ void Model::quantize_all_q8_0() {
     m->data = owned_.back().data();
     m->dtype = DType::Q8_0;
   }
-  weight_bytes_ = 0;
-  for (const auto& o : owned_) weight_bytes_ += o.size();
-  files_.clear();  // every matrix now lives in owned_; norms and biases were copied already
+  weight_bytes_ = weight_bytes_ - mapped_bytes + bytes_of();
+  // Norms and biases were copied at load; with every matrix in owned_, nothing reads the files.
+  if (!uses_mapped) files_.clear();
 }
 
-Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize) : cfg_(cfg), specs_(tensors) {
+void Model::refuse_unused() const {
+  for (size_t i = 0; i < specs_.size(); i++) {
+    const std::string& name = specs_[i].name;
+    if (used_[i]) continue;
+    // Left out by transformers too: old Llama checkpoints' rotary buffers, a tied model's copy of
+    // the embeddings.
+    const std::string inv_freq = "rotary_emb.inv_freq";
+    if (name.size() >= inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0) continue;
+    if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;
+    throw Error(specs_[i].file + ": tensor \"" + name + "\" is not used by a model of this config (" + std::to_string(cfg_.n_layers) +
+                " layers, attention biases " + (cfg_.attention_bias ? "on" : "off") + "): config and weights disagree");
+  }
+}
+
+Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize) : cfg_(cfg), specs_(tensors), used_(tensors.size()) {
   check_config(cfg_);
   std::map<std::string, bool> opened;
   for (const auto& t : specs_) {
@@ -218,6 +247,7 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DTy
   }
   final_norm_ = vector_f32("model.norm.weight", D);
   if (!cfg_.tie_word_embeddings) lm_head_ = matrix("lm_head.weight", cfg_.vocab_size, D);
+  refuse_unused();
 
   // Rotary frequencies, with the llama3 long-context adjustment when configured
   // (transformers' _compute_llama3_parameters).

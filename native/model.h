@@ -105,9 +105,12 @@ class Model {
   std::vector<uint64_t> tensor_digests() const;
   std::vector<float> vector_f32(const std::string& name, int n);
   const unsigned char* checked_data(const TensorSpec& t, const std::vector<int64_t>& shape);
+  // Throws for a tensor the config leaves unread: config and weights disagree.
+  void refuse_unused() const;
 
   ModelConfig cfg_;
   std::vector<TensorSpec> specs_;
+  std::vector<bool> used_;  // per spec: read by the loader (checked_data); for refuse_unused
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::vector<unsigned char>> owned_;  // quantised copies, when quantising at load
   std::vector<LayerWeights> layers_;

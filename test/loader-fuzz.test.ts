@@ -97,6 +97,17 @@ describe("the native loader re-checks what TypeScript passes it", async () => {
   test("missing file", async () => {
     await expect(load((t) => (t.file = "/nonexistent/model.safetensors"))).rejects.toThrow(/cannot open/);
   });
+  test("weights the config leaves unread (fewer layers, biases of a model without them) are refused, not dropped", async () => {
+    const norm = files.tensors.find((t) => t.name === "model.layers.0.input_layernorm.weight")!;
+    await expect(native().loadModel({ config: { ...files.config, numLayers: files.config.numLayers - 1 }, tensors: files.tensors })).rejects.toThrow(
+      new RegExp(`tensor "model\\.layers\\.${files.config.numLayers - 1}\\..*" is not used by a model of this config \\(${files.config.numLayers - 1} layers, attention biases off\\): config and weights disagree`),
+    );
+    const bias = { ...norm, name: "model.layers.0.self_attn.o_proj.bias" };
+    await expect(native().loadModel({ config: files.config, tensors: [...files.tensors, bias] })).rejects.toThrow(/"model\.layers\.0\.self_attn\.o_proj\.bias" is not used/);
+    // As transformers does, old checkpoints' rotary buffers are left out without complaint.
+    const invFreq = { ...norm, name: "model.layers.0.self_attn.rotary_emb.inv_freq" };
+    await expect(native().loadModel({ config: files.config, tensors: [...files.tensors, invFreq] })).resolves.toBeDefined();
+  });
   test("invalid config", async () => {
     await expect(native().loadModel({ config: { ...files.config, numKvHeads: 3 }, tensors: files.tensors })).rejects.toThrow(/multiple of/);
   });

@@ -9,6 +9,7 @@ import { readHfFolder } from "../src/formats/hf-folder.js";
 import { writeSafetensors } from "../src/formats/safetensors.js";
 import { f16BitsToF32, f32ToF16Bits } from "../src/models/half.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
+import { convertHfToGguf } from "../src/models/convert.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { loadRefWeights, refForward, type RefWeights } from "./reference/forward.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
@@ -155,6 +156,28 @@ describe("Q8_0 quantised at load time", () => {
     // greedy steps. The bar stays visible at what every path meets.
     expect(relSum / tokens.length).toBeLessThan(0.02);
     expect(agree / tokens.length).toBeGreaterThanOrEqual(0.94);
+  });
+
+  test("weights left as they are mapped (F16 rows that do not split into 32-blocks, a Q8_0 GGUF) stay readable after the quantisation pass", async () => {
+    // These used to point into the weight files after the pass had unmapped them: a segfault at the first forward.
+    const f16 = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: f16, seed: 23 });
+    const gguf = join(tempDir(), "tiny-q8_0.gguf");
+    await convertHfToGguf({ dir: f16, out: gguf, type: "q8_0" });
+    const folderQ8 = await Model.load(f16, { contextSize: 64, quantize: "q8_0" });
+    const fileQ8 = await Model.load(gguf, { contextSize: 64 });
+    const fileQ8Again = await Model.load(gguf, { contextSize: 64, quantize: "q8_0" });
+    models.push(folderQ8, fileQ8, fileQ8Again);
+    const tokens = prompt.slice(0, 8);
+    const a = await folderQ8.logits(tokens);
+    const b = await fileQ8.logits(tokens);
+    const c = await fileQ8Again.logits(tokens);
+    // The same weights (the converter keeps the 172-wide rows of w_down as F16, as the load-time pass does).
+    for (let i = 0; i < tokens.length; i++) {
+      expect(maxAbsDiff(a[i], b[i])).toBeLessThan(1e-3);
+      expect(Array.from(c[i])).toEqual(Array.from(b[i]));
+    }
+    expect(fileQ8Again.info.weightBytes).toBe(fileQ8.info.weightBytes);
   });
 });
 
