@@ -2,13 +2,15 @@
 // where the addon was built with `npm run build:cuda` and sees a GPU (bench/gpu/run.sh on the GPU
 // host); elsewhere every test here is skipped, and device.test.ts checks the error paths.
 import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model, type InjectionOptions } from "../src/engine/model.js";
 import { LogitsMode, native } from "../src/engine/native.js";
 import { TieredKVCache } from "../src/cache/index.js";
 import { KVBlock } from "../src/kv/kv-block.js";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { f16BitsToF32, f32ToF16Bits } from "../src/models/half.js";
 import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
 import { fixtures, maxAbsDiff, repoRoot, tempDir } from "./support/paths.js";
 
@@ -138,6 +140,59 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         expect((await big.logits(prompt)).length).toBe(prompt.length);
       } finally {
         big.dispose();
+      }
+    });
+
+    test("a head size the CUDA attention cannot hold is refused at load, before any upload", async () => {
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, overrides: { numHeads: 2, numKvHeads: 1, headDim: 512 } });
+      await expect(Model.load(dir, { contextSize: 16, device: "cuda" })).rejects.toThrow(/CUDA backend supports head_dim up to 256, this model has 512/);
+      (await Model.load(dir, { contextSize: 16 })).dispose(); // the CPU runs it
+    });
+
+    test("segments too large for the GPU are a clean error, and the next injection uploads its blocks again", async () => {
+      // A failed allocation used to leave the last upload marked current: the same segments set
+      // again were then read from fresh, never-written buffers (or a null one).
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 6, overrides: { numLayers: 32, numHeads: 8, numKvHeads: 8, headDim: 128 } });
+      const big = await Model.load(dir, { contextSize: 64, device: "cuda" });
+      try {
+        const small = await big.computeBlock(memory);
+        const wide = await big.computeBlock(Array.from({ length: 4096 }, (_, i) => (i * 31 + 7) % 49152)); // 1 GiB of K and V
+        const short = prompt.slice(0, 8);
+        const before = await big.logits(short, { segments: [{ kv: small, alpha: 0.7 }] });
+        // 200 × 4096 tokens × 128 KiB of keys: 100 GiB, past any GPU's memory.
+        const huge = [{ kv: small, alpha: 0.7 }, ...Array.from({ length: 200 }, () => ({ kv: wide, alpha: 1 }))];
+        await expect(big.logits(short, { segments: huge })).rejects.toThrow(/out of memory/i);
+        const after = await big.logits(short, { segments: [{ kv: small, alpha: 0.7 }] });
+        expect(maxRowDiff(after, before)).toBe(0);
+      } finally {
+        big.dispose();
+      }
+    });
+
+    test("prefill with F16 weights survives activations beyond the F16 range (MLP inputs ~1e5 and more)", async () => {
+      // The GEMMs of F16 and Q8_0 weights split fp32 activations into two halves; a value above
+      // 65504 became inf there, and prefill then disagreed with decode and with the CPU.
+      const dir = tempDir();
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, seed: 8 });
+      const file = join(dir, "model.safetensors");
+      const bytes = readFileSync(file);
+      for (const t of (await readHfFolder(dir)).tensors) {
+        if (!t.name.endsWith("post_attention_layernorm.weight")) continue;
+        for (let at = t.offset; at < t.offset + t.nbytes; at += 2) bytes.writeUInt16LE(f32ToF16Bits(500 * f16BitsToF32(bytes.readUInt16LE(at))), at);
+      }
+      writeFileSync(file, bytes);
+      const cpu = await Model.load(dir, { contextSize: 128 });
+      const cuda = await Model.load(dir, { contextSize: 128, device: "cuda" });
+      try {
+        const a = await promptAndDecode(cpu, prompt), b = await promptAndDecode(cuda, prompt);
+        expect(b.every((row) => row.every(Number.isFinite))).toBe(true);
+        const scale = Math.max(...a.map((row) => Math.max(...Array.from(row, Math.abs))));
+        expect(maxRowDiff(b, a) / scale).toBeLessThan(2e-2);
+      } finally {
+        cpu.dispose();
+        cuda.dispose();
       }
     });
 

@@ -280,11 +280,16 @@ void CudaForward::Impl::upload_segments() {
     return;
   }
   const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
-  if (seg_k.bytes() < heads * S * hd * f) {
-    seg_k.allocate(heads * S * hd * f, "injected segment keys");
-    seg_v.allocate(heads * S * hd * f, "injected segment values");
-  }
-  if (seg_bias.bytes() < S * f) {
+  const size_t kv_bytes = heads * S * hd * f;
+  const bool grow = seg_k.bytes() < kv_bytes || seg_v.bytes() < kv_bytes || seg_bias.bytes() < S * f || seg_vscale.bytes() < S * f;
+  if (grow) {
+    // New buffers hold nothing yet, and an allocation that throws leaves its buffer empty: the
+    // segments are uploaded again, whatever was uploaded before. All four are replaced together
+    // (the graph key names seg_k and seg_bias for the four).
+    same = false;
+    uploaded.clear();
+    seg_k.allocate(kv_bytes, "injected segment keys");
+    seg_v.allocate(kv_bytes, "injected segment values");
     seg_bias.allocate(S * f, "segment score biases");
     seg_vscale.allocate(S * f, "segment value scales");
   }
@@ -449,7 +454,7 @@ cudaGraphExec_t CudaForward::Impl::capture(int T, int rows, int probe_layer, boo
   if (ok) {
     try {
       record(T, rows, probe_layer, want_probe);
-    } catch (const Error&) {
+    } catch (...) {  // any exception: a stream left capturing would fail every later call on it
       ok = false;
     }
     // Ends the capture whatever happened inside it.

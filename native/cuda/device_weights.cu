@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/device_kernels.cuh"
 #include "cuda/device_weights.cuh"
 #include "model.h"
 
@@ -57,6 +58,11 @@ const float* upload_vector(CudaWeights& w, const std::vector<float>& v, const st
 }  // namespace
 
 std::shared_ptr<CudaWeights> cuda_upload(const Model& m, int device) {
+  // Refused before any upload: the CPU takes head_dim up to limits::kHeadDim, the attention
+  // kernels hold a head's row in registers and shared memory sized for kMaxHeadDim.
+  if (m.config().head_dim > kMaxHeadDim)
+    throw Error("the CUDA backend supports head_dim up to " + std::to_string(kMaxHeadDim) + ", this model has " +
+                std::to_string(m.config().head_dim) + " (the CPU backend runs it)");
   std::string why;
   const int n = cuda_device_count(&why);
   if (n == 0) throw Error("CUDA was asked for but no device is usable: " + why);
