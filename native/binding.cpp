@@ -826,14 +826,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Reset(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
-    int pos = 0;
-    if (info.Length() > 0 && !info[0].IsUndefined()) {
-      if (!info[0].IsNumber()) throw_type(env, "reset(posBase?: number)");
-      double d = info[0].As<Napi::Number>().DoubleValue();
-      if (d != double(int(d)) || d < -(1 << 24) || d > (1 << 24)) throw Napi::RangeError::New(env, "posBase must be an integer within ±16777216");
-      pos = int(d);
-    }
-    c.reset(pos);
+    const bool given = info.Length() > 0 && !info[0].IsUndefined();
+    c.reset(given ? int_arg(info, 0, "reset(posBase?: number)", "posBase", -kMaxPositionBase, kMaxPositionBase) : 0);
     return env.Undefined();
   }
 
@@ -1083,6 +1077,7 @@ Napi::Object Limits(Napi::Env env) {
   o.Set("contextTokens", kMaxContextTokens);
   o.Set("segmentTokens", kMaxSegmentTokens);
   o.Set("position", kMaxPosition);
+  o.Set("positionBase", kMaxPositionBase);
   return o;
 }
 

@@ -94,6 +94,8 @@ class Context {
 // attended columns fits an int.
 constexpr int kMaxContextTokens = 1 << 24;
 constexpr int kMaxSegmentTokens = 1 << 24;
+// A context's first own position (reset's posBase) stays within ±this.
+constexpr int kMaxPositionBase = 1 << 24;
 
 // Largest number of tokens processed in one pass; longer inputs are split.
 constexpr int kMaxChunk = 256;

@@ -5,6 +5,7 @@ import { beforeAll, describe, expect, test } from "vitest";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { LogitsMode, native, type NativeModelHandle } from "../src/engine/native.js";
 import { KVBlock } from "../src/kv/kv-block.js";
+import { Model } from "../src/engine/model.js";
 import { hfLlamaTiny, maxAbsDiff, tempDir } from "./support/paths.js";
 
 let model: NativeModelHandle;
@@ -72,6 +73,21 @@ describe("K/V blocks", () => {
     expect(maxAbsDiff((await swapped.slice(0, c.nTokens)).keys(), c.keys())).toBe(0);
     const aMoved = await a.remap(5 + c.nTokens);
     expect(maxAbsDiff((await swapped.slice(c.nTokens, tokens.length)).keys(), aMoved.keys())).toBe(0);
+  });
+
+  test("deserialize takes a Model (as the README's examples hold one) as well as its native handle", async () => {
+    const m = await Model.load(hfLlamaTiny, { contextSize: 32 });
+    try {
+      const b = await m.computeBlock(tokens, { startPos: 4 });
+      const bytes = await b.serialize("f16");
+      const viaModel = await KVBlock.deserialize(m, bytes);
+      const viaHandle = await KVBlock.deserialize(m.nativeHandle(), bytes);
+      expect(viaModel.startPos).toBe(4);
+      expect(Array.from(viaModel.keys())).toEqual(Array.from(viaHandle.keys()));
+      await expect(KVBlock.deserialize(other, bytes)).rejects.toThrow(/another model/);
+    } finally {
+      m.dispose();
+    }
   });
 
   test("serialise round trip is exact for f32", async () => {

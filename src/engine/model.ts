@@ -58,7 +58,11 @@ export interface EntropyProbe {
 export interface LoadOptions {
   /** Worker threads for the engine (default: all cores). Applies process-wide. */
   threads?: number;
-  /** Own-token window of the default context (default: min(config max positions, 4096)). */
+  /**
+   * Own-token window of the default context (default: min(config max positions, 4096)). It may
+   * exceed the config's max positions: rotary positions go on, how well the model does beyond
+   * its trained length is the model's.
+   */
   contextSize?: number;
   /** "q8_0": quantise every matrix to Q8_0 at load time (llama.cpp's block format); default "none". */
   quantize?: "none" | "q8_0";
@@ -73,6 +77,25 @@ export interface LoadOptions {
 }
 
 export type Device = "cpu" | "cuda" | "auto";
+
+/** Refuses bad load options before any file is read or weight loaded, naming the option. */
+function checkLoadOptions(opts: LoadOptions): void {
+  if (opts === null || typeof opts !== "object") throw new DkiArgumentError(`load options must be an object, got ${shown(opts)}`);
+  const integerIn = (name: string, v: unknown, lo: number, hi: number, meaning: string) => {
+    if (v !== undefined && !(Number.isInteger(v) && (v as number) >= lo && (v as number) <= hi))
+      throw new DkiArgumentError(`${name} must be ${meaning}, got ${shown(v)}`);
+  };
+  integerIn("threads", opts.threads, 0, 1024, "an integer from 0 (all cores) to 1024");
+  integerIn("contextSize", opts.contextSize, 1, native().limits.contextTokens, `an integer from 1 to ${native().limits.contextTokens}`);
+  integerIn("deviceIndex", opts.deviceIndex, 0, 1023, "an integer from 0 to 1023");
+  if (opts.quantize !== undefined && opts.quantize !== "none" && opts.quantize !== "q8_0")
+    throw new DkiArgumentError(`quantize must be "none" or "q8_0", got ${shown(opts.quantize)}`);
+}
+
+/** A value as an error message shows it: strings quoted, so "2" and 2 differ. */
+function shown(v: unknown): string {
+  return typeof v === "string" ? JSON.stringify(v) : String(v);
+}
 
 /** The config as the native engine takes it. */
 export function nativeConfig(c: ModelConfig): NativeConfig {
@@ -139,6 +162,7 @@ export class Model {
    * ending in .gguf: weights, config and tokenizer from the file). Off the main thread.
    */
   static async load(dir: string, opts: LoadOptions = {}): Promise<Model> {
+    checkLoadOptions(opts);
     let files: { config: ModelConfig; tensors: TensorInfo[] };
     let tokenizer: Tokenizer;
     if (dir.toLowerCase().endsWith(".gguf")) {
@@ -151,12 +175,7 @@ export class Model {
     }
     const addon = native();
     const device = resolveDevice(opts.device);
-    if (opts.deviceIndex !== undefined && (!Number.isInteger(opts.deviceIndex) || opts.deviceIndex < 0))
-      throw new DkiArgumentError(`deviceIndex must be a non-negative integer, got ${opts.deviceIndex}`);
-    if (opts.threads !== undefined) {
-      if (!Number.isInteger(opts.threads) || opts.threads < 0) throw new DkiArgumentError(`threads must be a non-negative integer, got ${opts.threads}`);
-      addon.setThreads(opts.threads);
-    }
+    if (opts.threads !== undefined) addon.setThreads(opts.threads);
     const c = files.config;
     const tensors: NativeTensorSpec[] = files.tensors.map((t) => ({ name: t.name, file: t.file, dtype: t.dtype, shape: t.shape, offset: t.offset, nbytes: t.nbytes }));
     const handle = await addon.loadModel({
@@ -168,7 +187,6 @@ export class Model {
     });
     const ni = handle.info();
     const contextSize = opts.contextSize ?? Math.min(c.maxPositionEmbeddings, 4096);
-    if (!Number.isInteger(contextSize) || contextSize < 1) throw new DkiArgumentError(`contextSize must be a positive integer, got ${contextSize}`);
     const info: ModelInfo = {
       dir,
       config: c,
@@ -222,7 +240,10 @@ export class Model {
     const tokens = typeof input === "string" ? this.tokenizer.encode(input, { addSpecialTokens: false }) : input;
     const prefix = opts.prefix ?? [];
     const startPos = opts.startPos ?? 0;
-    if (!Number.isInteger(startPos)) throw new DkiArgumentError(`startPos must be an integer, got ${startPos}`);
+    const base = native().limits.positionBase;
+    // The context starts at startPos - prefix.length; both ends stay within the positions it takes.
+    if (!Number.isInteger(startPos) || Math.abs(startPos) > base || Math.abs(startPos - prefix.length) > base)
+      throw new DkiArgumentError(`startPos must be an integer within ±${base} (less the prefix's length below), got ${shown(startPos)}`);
     // The block's own context is made to fit it: the model's context window does not bound it.
     const maxBlock = { tokens: native().limits.blockTokens, name: "a K/V block holds" };
     this.checkTokens(tokens, "the memory", maxBlock);

@@ -131,6 +131,8 @@ export interface NativeLimits extends ModelShape {
   segmentTokens: number;
   /** A block's start position stays within ± this. */
   position: number;
+  /** A context's first own position (reset's posBase) stays within ± this. */
+  positionBase: number;
 }
 
 export interface NativeAddon {

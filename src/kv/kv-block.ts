@@ -7,6 +7,22 @@ import { native, type KVStorage, type NativeKVBlockHandle, type NativeModelHandl
 
 export type { KVStorage };
 
+/** The model a block is read for: a Model (anything with nativeHandle()) or its native handle. */
+export type BlockModel = NativeModelHandle | { nativeHandle(): NativeModelHandle };
+
+const STORAGES: readonly KVStorage[] = ["f32", "f16", "bf16", "int8"];
+
+function checkStorage(storage: KVStorage): KVStorage {
+  if (!STORAGES.includes(storage)) throw new DkiArgumentError(`unknown K/V storage ${JSON.stringify(storage)} (expected ${STORAGES.join(", ")})`);
+  return storage;
+}
+
+function handleOf(m: BlockModel): NativeModelHandle {
+  const wrapper = m as { nativeHandle?: unknown } | null;
+  if (wrapper !== null && typeof wrapper === "object" && typeof wrapper.nativeHandle === "function") return (m as { nativeHandle(): NativeModelHandle }).nativeHandle();
+  return m as NativeModelHandle;
+}
+
 export class KVBlock {
   private handle: NativeKVBlockHandle | null;
   readonly nLayers: number;
@@ -53,7 +69,7 @@ export class KVBlock {
 
   /** V ← α·V. Keys are never scaled. */
   async scaleValues(alpha: number): Promise<KVBlock> {
-    if (!Number.isFinite(alpha)) throw new DkiArgumentError(`alpha must be a finite number, got ${alpha}`);
+    if (typeof alpha !== "number" || !Number.isFinite(alpha) || alpha < 0) throw new DkiArgumentError(`alpha must be a finite number >= 0, got ${String(alpha)}`);
     return this.wrap(await this.nativeHandle().scaleValues(alpha));
   }
 
@@ -82,12 +98,12 @@ export class KVBlock {
 
   /** Payload bytes of this block in a storage form. */
   storageBytes(storage: KVStorage): number {
-    return this.nativeHandle().storageBytes(storage);
+    return this.nativeHandle().storageBytes(checkStorage(storage));
   }
 
   /** Exact length of serialize(storage): header, int32 token ids, payload. */
   serializedBytes(storage: KVStorage): number {
-    return this.nativeHandle().serializedBytes(storage);
+    return this.nativeHandle().serializedBytes(checkStorage(storage));
   }
 
   /**
@@ -113,7 +129,8 @@ export class KVBlock {
    * resize them at once; `inPlace` skips the copy for bytes nothing will touch until the promise
    * settles.
    */
-  static async deserialize(model: NativeModelHandle, bytes: Uint8Array, opts: DeserializeOptions = {}): Promise<KVBlock> {
+  static async deserialize(of: BlockModel, bytes: Uint8Array, opts: DeserializeOptions = {}): Promise<KVBlock> {
+    const model = handleOf(of);
     if (!(bytes instanceof Uint8Array)) throw new DkiArgumentError("deserialize: bytes must be a Uint8Array (or a Buffer)");
     let deviceIndex = -1;
     if (opts.onDevice) {

@@ -220,7 +220,8 @@ export class Tokenizer {
       ...config,
       bos_token: tokenString(config.bos_token) ?? undefined,
       eos_token: tokenString(config.eos_token) ?? undefined,
-      unk_token: tokenString(config.unk_token) ?? undefined,
+      // The JS port's WordLevel reads the unknown token from here only; Rust's from the model.
+      unk_token: tokenString(config.unk_token) ?? (typeof model.unk_token === "string" ? model.unk_token : undefined),
       pad_token: tokenString(config.pad_token) ?? undefined,
       additional_special_tokens: Array.isArray(config.additional_special_tokens)
         ? config.additional_special_tokens.map(tokenString).filter((s): s is string => s !== null)
@@ -256,7 +257,12 @@ export class Tokenizer {
   encode(text: string, opts: EncodeOptions = {}): number[] {
     if (typeof text !== "string") throw new DkiArgumentError("encode: text must be a string");
     if (text.length === 0 && !(opts.addSpecialTokens ?? true)) return [];
-    return this.hf.encode(text, { add_special_tokens: opts.addSpecialTokens ?? true }).ids;
+    const ids = this.hf.encode(text, { add_special_tokens: opts.addSpecialTokens ?? true }).ids;
+    // A piece missing from the vocabulary, with no unknown token to stand for it.
+    if (ids.includes(undefined as unknown as number)) {
+      throw new DkiArgumentError(`encode: ${JSON.stringify(text.length > 40 ? text.slice(0, 40) + "…" : text)} has a piece this tokenizer has no token for, and it names no unknown token`);
+    }
+    return ids;
   }
 
   decode(ids: ArrayLike<number>, opts: DecodeOptions = {}): string {
