@@ -1,11 +1,10 @@
 // `dki models ...` run in-process through commander: output, option validation, and errors as
 // one `dki: message` line with exit status 1.
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, expect, test } from "vitest";
 import { dki } from "./support/models-cli.js";
 import { tempDir } from "./support/paths.js";
-
 
 afterEach(() => {
   process.exitCode = undefined;
@@ -47,4 +46,25 @@ test("list names the registry models", async () => {
   const rows = JSON.parse(r.stdout) as { name: string; repo: string }[];
   expect(rows.map((m) => m.name)).toEqual(["smollm2-135m-instruct", "qwen2.5-0.5b-instruct"]);
   expect((await dki("models", "list")).stdout).toContain("HuggingFaceTB/SmolLM2-135M-Instruct");
+});
+
+test("a path of the wrong kind is named as what the user got wrong, not as an errno", async () => {
+  const root = tempDir();
+  const file = join(root, "notes.txt");
+  writeFileSync(file, "not a model");
+  const model = join(root, "m");
+  expect((await dki("models", "make-tiny", "--out", model)).exitCode).toBe(0);
+  const cases: [string[], string][] = [
+    [["models", "info", file], `dki: <path> must be a model folder or a .gguf file; ${file} is neither\n`],
+    [["models", "convert", file, "--out", join(root, "x.gguf")], `dki: <dir> must be a Hugging Face model folder; ${file} is a file\n`],
+    [["models", "convert", model, "--out", root], `dki: --out must be a file path; ${root} is a folder\n`],
+    [["models", "convert", model, "--out", join(root, "missing", "x.gguf")], `dki: --out: the folder ${join(root, "missing")} does not exist\n`],
+    [["models", "convert", model, "--out", join(file, "x.gguf")], `dki: --out: ${file} is not a folder\n`],
+    [["models", "make-tiny", "--out", file], `dki: --out must be a folder; ${file} exists and is not a folder\n`],
+  ];
+  for (const [args, message] of cases) {
+    const r = await dki(...args);
+    expect(r.exitCode, args.join(" ")).toBe(1);
+    expect(r.stderr).toBe(message);
+  }
 });

@@ -1,7 +1,10 @@
 // `dki generate` and `dki logits`.
 import type { Command } from "commander";
 import { Model, type Device, type InjectionOptions } from "../engine/model.js";
+import type { GenerateResult } from "../engine/generate.js";
+import { native } from "../engine/native.js";
 import { intOption, numberOption, tokenListOption, choiceOption } from "./options.js";
+import { checkModelPath } from "./paths.js";
 
 interface GenerateFlags {
   model: string;
@@ -16,6 +19,7 @@ interface GenerateFlags {
   repetitionPenalty: number;
   seed: number;
   threads?: number;
+  contextSize?: number;
   device: Device;
   quantize: "none" | "q8_0";
   stop?: string[];
@@ -39,9 +43,33 @@ interface MemoryFlags {
   alphaThreshold: number;
 }
 
+/** The options that only shape an injected memory, by flag key and name. */
+const MEMORY_SETTINGS = [
+  ["alpha", "--alpha"],
+  ["scaling", "--scaling"],
+  ["positions", "--positions"],
+  ["alphaThreshold", "--alpha-threshold"],
+] as const;
+
+/** Refuses memory settings without a memory: they would be ignored, and a user who passes one expects it to act. */
+function checkMemoryFlags(flags: MemoryFlags, cmd: Command): void {
+  if (flags.memory !== undefined && flags.memoryTokens !== undefined) throw new Error("give at most one of --memory and --memory-tokens");
+  if (flags.memory !== undefined || flags.memoryTokens !== undefined) return;
+  for (const [key, name] of MEMORY_SETTINGS) {
+    if (cmd.getOptionValueSource(key) === "cli") throw new Error(`${name} sets how the memory is injected; give --memory or --memory-tokens with it`);
+  }
+}
+
+/** The engine's vocabulary check, under the option's name so the user knows which list is wrong. */
+function checkVocabulary(model: Model, ids: number[], option: string): void {
+  const V = model.config.vocabSize;
+  const bad = ids.find((t) => t >= V);
+  if (bad !== undefined) throw new Error(`${option}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
+}
+
 /** Computes the memory's K/V block (placed where the position strategy wants it) and the injection options. */
 async function memoryInjection(model: Model, flags: MemoryFlags): Promise<InjectionOptions> {
-  if (flags.memory !== undefined && flags.memoryTokens !== undefined) throw new Error("give at most one of --memory and --memory-tokens");
+  if (flags.memoryTokens) checkVocabulary(model, flags.memoryTokens, "--memory-tokens");
   const tokens = flags.memoryTokens ?? (flags.memory !== undefined ? model.tokenizer.encode(flags.memory, { addSpecialTokens: false }) : null);
   if (!tokens) return {};
   const kv = await model.computeBlock(tokens, { startPos: flags.positions === "negative" ? -tokens.length : 0 });
@@ -50,10 +78,18 @@ async function memoryInjection(model: Model, flags: MemoryFlags): Promise<Inject
 
 const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 
-async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
+async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promise<void> {
   if ((flags.prompt === undefined) === (flags.promptTokens === undefined)) throw new Error("give exactly one of --prompt and --prompt-tokens");
-  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize, device: flags.device });
+  if (flags.chat && flags.promptTokens) throw new Error("--chat puts --prompt text into the chat template; it cannot be used with --prompt-tokens");
+  if (flags.system !== undefined && !flags.chat) throw new Error("--system is a chat message; give --chat with it");
+  checkMemoryFlags(flags, cmd);
+  // Checked here, not by the option parser, so that --help works without the native addon.
+  const maxContext = native().limits.contextTokens;
+  if (flags.contextSize !== undefined && flags.contextSize > maxContext) throw new Error(`--context-size must be an integer in [1, ${maxContext}], got "${flags.contextSize}"`);
+  await checkModelPath(flags.model, "--model");
+  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize, device: flags.device, contextSize: flags.contextSize });
   try {
+    if (flags.promptTokens) checkVocabulary(model, flags.promptTokens, "--prompt-tokens");
     const input = flags.promptTokens
       ? { tokens: flags.promptTokens }
       : flags.chat
@@ -61,16 +97,35 @@ async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
         : flags.prompt!;
     const json = flags.format === "json";
     const injection = await memoryInjection(model, flags);
+    // Ctrl-C stops the generation, not the process: what was streamed stays, and the exit
+    // status is the shell's 130 for SIGINT. A second Ctrl-C gets Node's default and kills at once.
     const abort = new AbortController();
-    process.once("SIGINT", () => abort.abort());
-    const r = await model.generate(input, {
-      ...injection,
-      maxNewTokens: flags.maxTokens,
-      sampling: { temperature: flags.temperature, topK: flags.topK, topP: flags.topP, repetitionPenalty: flags.repetitionPenalty, seed: flags.seed },
-      stop: flags.stop,
-      signal: abort.signal,
-      onToken: json ? undefined : (text) => process.stdout.write(text),
-    });
+    const onSigint = () => abort.abort();
+    process.once("SIGINT", onSigint);
+    let r: GenerateResult;
+    try {
+      r = await model.generate(input, {
+        ...injection,
+        maxNewTokens: flags.maxTokens,
+        sampling: { temperature: flags.temperature, topK: flags.topK, topP: flags.topP, repetitionPenalty: flags.repetitionPenalty, seed: flags.seed },
+        stop: flags.stop,
+        signal: abort.signal,
+        onToken: json ? undefined : (text) => process.stdout.write(text),
+      });
+    } catch (e) {
+      if (!abort.signal.aborted) throw e;
+      // The engine returns nothing from an aborted generation, so JSON mode has no result to print.
+      if (json) {
+        process.stderr.write("dki: interrupted; --format json prints only a finished generation\n");
+      } else {
+        process.stdout.write("\n");
+        process.stderr.write("[interrupted]\n");
+      }
+      process.exitCode = 130;
+      return;
+    } finally {
+      process.off("SIGINT", onSigint);
+    }
     const s = r.stats;
     if (json) {
       process.stdout.write(
@@ -92,9 +147,12 @@ async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
       );
     } else {
       process.stdout.write("\n");
+      const promptTokens = `${s.promptTokens} prompt token${s.promptTokens === 1 ? "" : "s"}`;
+      // With -n 0 no token is sampled: there is no first-token time to report.
+      const firstToken = flags.maxTokens === 0 ? "none" : `${s.timeToFirstTokenMs.toFixed(1)} ms`;
       process.stderr.write(
-        `[${s.promptTokens} prompt tokens: prefill ${s.prefillTokPerS.toFixed(1)} tok/s | ${s.generatedTokens} generated: ` +
-          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${s.timeToFirstTokenMs.toFixed(1)} ms | ${r.finishReason}]\n`,
+        `[${promptTokens}: prefill ${s.prefillTokPerS.toFixed(1)} tok/s | ${s.generatedTokens} generated: ` +
+          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${firstToken} | ${r.finishReason}]\n`,
       );
     }
   } finally {
@@ -102,13 +160,17 @@ async function generate(flags: GenerateFlags & MemoryFlags): Promise<void> {
   }
 }
 
-async function logits(flags: LogitsFlags & MemoryFlags): Promise<void> {
+async function logits(flags: LogitsFlags & MemoryFlags, cmd: Command): Promise<void> {
+  checkMemoryFlags(flags, cmd);
+  await checkModelPath(flags.model, "--model");
+  // The context is sized to the tokens, so logits needs no --context-size.
   const model = await Model.load(flags.model, {
     threads: flags.threads,
     device: flags.device,
     contextSize: Math.max(flags.tokens.length, flags.memoryTokens?.length ?? 0, 1),
   });
   try {
+    checkVocabulary(model, flags.tokens, "--tokens");
     const rows = await model.logits(flags.tokens, await memoryInjection(model, flags));
     process.stdout.write(JSON.stringify({ logits: rows.map((r) => Array.from(r)) }) + "\n");
   } finally {
@@ -127,41 +189,52 @@ function memoryOptions(cmd: Command): Command {
   return cmd
     .option("--memory <text>", "memory text injected as K/V (not as prompt text)")
     .option("--memory-tokens <ids>", "memory as comma-separated token ids", tokenListOption("--memory-tokens"))
-    .option("--alpha <a>", "memory influence α", numberOption("--alpha", 0), 1)
+    .option("--alpha <a>", "memory influence α", numberOption("--alpha", { min: 0 }), 1)
     .option("--scaling <mode>", "value (V·α) or logit (+ln α on scores)", choiceOption("--scaling", ["value", "logit"] as const), "value")
     .option("--positions <strategy>", "negative (memory at [-M,-1]) or prefix (memory at [0,M-1])", choiceOption("--positions", ["negative", "prefix"] as const), "negative")
-    .option("--alpha-threshold <a>", "inject nothing when α is below this", numberOption("--alpha-threshold", 0), 0.1);
+    .option("--alpha-threshold <a>", "inject nothing when α is below this", numberOption("--alpha-threshold", { min: 0 }), 0.1);
 }
+
+const modelOption = ["-m, --model <path>", "model: a Hugging Face model folder or a .gguf file"] as const;
+
+// The engine's thread pool takes 0 (all cores) to 1024 threads (setThreads in native/binding.cpp).
+const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
 
 export function registerGenerateCommands(program: Command): void {
   const gen = program
     .command("generate")
     .description("generate text with a model, streaming it to stdout")
-    .requiredOption("-m, --model <dir>", "Hugging Face model folder")
+    .requiredOption(...modelOption)
     .option("-p, --prompt <text>", "prompt text")
     .option("--prompt-tokens <ids>", "prompt as comma-separated token ids", tokenListOption("--prompt-tokens"))
     .option("--chat", "wrap the prompt as a user message with the model's chat template")
     .option("--system <text>", "system message (with --chat)")
     .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128)
-    .option("-t, --temperature <t>", "sampling temperature (0 = greedy)", numberOption("--temperature", 0), 0)
-    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intOption("--top-k"), 0)
-    .option("--top-p <p>", "nucleus sampling mass", numberOption("--top-p", 0, 1), 1)
-    .option("--repetition-penalty <r>", "penalty for recent tokens (1 = none)", numberOption("--repetition-penalty", 0), 1)
+    .option("-t, --temperature <t>", "sampling temperature (0 = greedy)", numberOption("--temperature", { min: 0 }), 0)
+    // The sampler takes k as a 32-bit int.
+    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intOption("--top-k", 0, 2 ** 31 - 1), 0)
+    .option("--top-p <p>", "nucleus sampling mass, in (0, 1]", numberOption("--top-p", { above: 0, max: 1 }), 1)
+    .option("--repetition-penalty <r>", "penalty for recent tokens, > 0 (1 = none)", numberOption("--repetition-penalty", { above: 0 }), 1)
     .option("--seed <s>", "random seed", intOption("--seed"), 0)
     .option("--stop <text...>", "stop strings")
-    .option("--threads <n>", "worker threads (default: all cores)", intOption("--threads", 1))
+    .option(
+      "--context-size <n>",
+      "context window in tokens: the prompt plus the generated tokens, injected memory not counted (default: the model's maximum positions, at most 4096)",
+      intOption("--context-size", 1),
+    )
+    .option(...threadsOption)
     .option(...deviceOption)
     .option("--quantize <type>", "quantise weights at load time: none or q8_0", choiceOption("--quantize", ["none", "q8_0"] as const), "none")
     .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
-  memoryOptions(gen).action((flags: GenerateFlags & MemoryFlags) => generate(flags));
+  memoryOptions(gen).action((flags: GenerateFlags & MemoryFlags, cmd: Command) => generate(flags, cmd));
 
   const logitsCmd = program
     .command("logits")
     .description("print the logits of every position as JSON")
-    .requiredOption("-m, --model <dir>", "Hugging Face model folder")
+    .requiredOption(...modelOption)
     .requiredOption("--tokens <ids>", "comma-separated token ids", tokenListOption("--tokens"))
-    .option("--threads <n>", "worker threads (default: all cores)", intOption("--threads", 1))
+    .option(...threadsOption)
     .option(...deviceOption)
     .option("--format <format>", "json", choiceOption("--format", ["json"] as const), "json");
-  memoryOptions(logitsCmd).action((flags: LogitsFlags & MemoryFlags) => logits(flags));
+  memoryOptions(logitsCmd).action((flags: LogitsFlags & MemoryFlags, cmd: Command) => logits(flags, cmd));
 }

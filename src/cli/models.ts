@@ -9,6 +9,7 @@ import { makeTinyModel, TINY_ARCHES, TINY_DTYPES, TINY_PRESETS, type TinyArch, t
 import { pullModel, type PullProgress } from "../models/pull.js";
 import { loadRegistry } from "../models/registry.js";
 import { choiceOption, intOption } from "./options.js";
+import { checkModelFolder, checkModelPath, checkOutFile, checkOutFolder } from "./paths.js";
 
 interface MakeTinyFlags {
   arch: TinyArch;
@@ -39,6 +40,7 @@ interface FormatFlags {
 const defaultModelDir = (name: string) => join("models", name);
 
 async function makeTiny(flags: MakeTinyFlags): Promise<void> {
+  await checkOutFolder(flags.out, "--out");
   const t0 = performance.now();
   const r = await makeTinyModel({ arch: flags.arch, preset: flags.preset, dtype: flags.dtype, out: flags.out, seed: flags.seed, shards: flags.shards });
   const secs = ((performance.now() - t0) / 1000).toFixed(1);
@@ -94,11 +96,14 @@ async function pull(name: string, flags: PullFlags): Promise<void> {
 }
 
 async function info(path: string, flags: FormatFlags): Promise<void> {
+  await checkModelPath(path, "<path>");
   const i = await modelInfo(path);
   process.stdout.write(flags.format === "json" ? JSON.stringify(i, null, 2) + "\n" : formatModelInfo(i));
 }
 
 async function convert(dir: string, flags: ConvertFlags): Promise<void> {
+  await checkModelFolder(dir, "<dir>");
+  await checkOutFile(flags.out, "--out");
   const t0 = performance.now();
   const tty = process.stderr.isTTY === true;
   let bar: cliProgress.SingleBar | null = null;

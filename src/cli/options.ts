@@ -1,30 +1,67 @@
 // Parsers for CLI option values: each rejects bad input with a message naming the option.
 import { InvalidArgumentError } from "commander";
 
-export function intOption(name: string, min = 0) {
+// Digits only: Number() would take "" as 0, "0x5" as 5 and "1e3" as 1000.
+const INTEGER = /^\s*-?\d+\s*$/;
+// Plain decimal notation, exponent allowed; Number() would also take "0x10", "0b1" and "Infinity".
+const DECIMAL = /^\s*[+-]?(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?\s*$/i;
+
+/** An integer in [min, max]; the message says only ">= min" when max is the default. */
+export function intOption(name: string, min = 0, max = Number.MAX_SAFE_INTEGER) {
+  const range = max === Number.MAX_SAFE_INTEGER ? `>= ${min}` : `in [${min}, ${max}]`;
   return (v: string): number => {
     const n = Number(v);
-    // Digits only: Number() would take "" as 0 and "0x5" as 5.
-    if (!/^\s*-?\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer >= ${min}, got "${v}"`);
+    if (!INTEGER.test(v) || !Number.isSafeInteger(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be an integer ${range}, got "${v}"`);
     return n;
   };
 }
 
-export function numberOption(name: string, min = -Infinity, max = Infinity) {
-  return (v: string): number => {
-    const n = Number(v);
-    if (v.trim() === "" || !Number.isFinite(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be a number in [${min}, ${max}], got "${v}"`);
-    return n;
-  };
+/** Bounds of a number option: `min` is inclusive, `above` exclusive, `max` inclusive. */
+export interface NumberRange {
+  min?: number;
+  above?: number;
+  max?: number;
 }
 
-export function tokenListOption(name: string) {
-  return (v: string): number[] => {
-    const ids = v.split(",").map((s) => s.trim()).filter((s) => s.length > 0).map(Number);
-    if (ids.length === 0 || ids.some((n) => !Number.isInteger(n) || n < 0)) {
-      throw new InvalidArgumentError(`${name} must be a comma-separated list of token ids, got "${v}"`);
+function describeRange(r: NumberRange): string {
+  const low = r.above !== undefined ? `(${r.above}` : r.min !== undefined ? `[${r.min}` : null;
+  if (r.max !== undefined) return `in ${low ?? "(-∞"}, ${r.max}]`;
+  if (r.above !== undefined) return `> ${r.above}`;
+  return r.min !== undefined ? `>= ${r.min}` : "";
+}
+
+/**
+ * A finite decimal number in the range. The engine takes these values as 32-bit floats, so the
+ * value rounded to float32 must be in the range too: 1e308 would become infinity, a top-p of
+ * 1e-50 would become 0, and the engine would reject them under its own names.
+ */
+export function numberOption(name: string, range: NumberRange = {}) {
+  const inRange = (x: number) =>
+    Number.isFinite(x) && (range.min === undefined || x >= range.min) && (range.above === undefined || x > range.above) && (range.max === undefined || x <= range.max);
+  const expected = `${name} must be a number ${describeRange(range)}`.trimEnd();
+  return (v: string): number => {
+    const n = Number(v);
+    if (!DECIMAL.test(v) || !inRange(n)) throw new InvalidArgumentError(`${expected}, got "${v}"`);
+    const f = Math.fround(n);
+    if (!inRange(f)) {
+      const why = Number.isFinite(f) ? `it is ${f} as a 32-bit float` : "too large for a 32-bit float";
+      throw new InvalidArgumentError(`${expected}, got "${v}" (${why})`);
     }
-    return ids;
+    return n;
+  };
+}
+
+/** Comma-separated token ids: each item a non-negative decimal integer, none empty. */
+export function tokenListOption(name: string) {
+  const expected = `${name} must be a comma-separated list of token ids (non-negative integers)`;
+  return (v: string): number[] => {
+    const items = v.split(",").map((s) => s.trim());
+    return items.map((s, i) => {
+      if (s === "") throw new InvalidArgumentError(`${expected}; item ${i + 1} of "${v}" is empty`);
+      const n = Number(s);
+      if (!/^\d+$/.test(s) || !Number.isSafeInteger(n)) throw new InvalidArgumentError(`${expected}; "${s}" is not one`);
+      return n;
+    });
   };
 }
 
