@@ -5,7 +5,9 @@ import { fileURLToPath } from "node:url";
 
 export const resultsDir = join(dirname(fileURLToPath(import.meta.url)), "..", "results");
 
-export function writeResults(name, { machine, rows, columns, notes = [] }) {
+// A --quick run covers fewer rows: it goes to NAME-quick, so it never replaces a full table.
+export function writeResults(fullName, { machine, rows, columns, notes = [] }) {
+  const name = process.argv.includes("--quick") ? `${fullName}-quick` : fullName;
   mkdirSync(resultsDir, { recursive: true });
   writeFileSync(join(resultsDir, `${name}.json`), JSON.stringify({ machine, rows, notes }, null, 2) + "\n");
   const md = [
