@@ -41,6 +41,14 @@ describe("blocks", () => {
     expect((await m.computeBlock([5, 6], { startPos: -16777216 })).startPos).toBe(-16777216);
   });
 
+  test("prompts, token ids and segments of the wrong shape are named, not a TypeError from inside", async () => {
+    await expect(m.generate(42 as never)).rejects.toThrow(/a prompt is a string, \{ messages \} or \{ tokens \}, got number/);
+    await expect(m.generate({ tokens: [1.5] })).rejects.toThrow(/the prompt: token ids must be integers, got 1\.5/);
+    await expect(m.generate({ tokens: [600] })).rejects.toThrow(/the prompt: token id 600 is outside the vocabulary \(0\.\.511\)/);
+    await expect(m.logits([5], { segments: [{ kv: null as never }] })).rejects.toThrow(/each segment must be \{ kv: KVBlock, alpha\?, scaling\? \}/);
+    await expect(m.logits([5], { segments: block as never })).rejects.toThrow(/segments must be an array/);
+  });
+
   test("scaleValues takes α ≥ 0, as injection does", async () => {
     await expect(block.scaleValues(-1)).rejects.toThrow(/alpha must be a finite number >= 0, got -1/);
     expect((await block.scaleValues(0)).nTokens).toBe(3);

@@ -230,7 +230,12 @@ export class Model {
   /** Token ids for a prompt. Text gets the tokenizer's special tokens (BOS where the model uses one). */
   encodePrompt(input: PromptInput): number[] {
     if (typeof input === "string") return this.tokenizer.encode(input, { addSpecialTokens: true });
-    if ("tokens" in input) return input.tokens;
+    if (input === null || typeof input !== "object") throw new DkiArgumentError(`a prompt is a string, { messages } or { tokens }, got ${input === null ? "null" : typeof input}`);
+    if ("tokens" in input) {
+      if (!Array.isArray(input.tokens)) throw new DkiArgumentError("{ tokens } must hold an array of token ids");
+      return input.tokens;
+    }
+    if (!Array.isArray(input.messages)) throw new DkiArgumentError("a prompt is a string, { messages: [...] } or { tokens: [...] }");
     const text = this.tokenizer.applyChatTemplate(input.messages, { addGenerationPrompt: true });
     return this.tokenizer.encode(text, { addSpecialTokens: false });
   }
@@ -270,7 +275,9 @@ export class Model {
     const positions = inj.positions ?? "negative";
     if (positions !== "negative" && positions !== "prefix") throw new DkiArgumentError(`positions must be "negative" or "prefix", got ${JSON.stringify(positions)}`);
     const kept: Required<Segment>[] = [];
+    if (inj.segments !== undefined && !Array.isArray(inj.segments)) throw new DkiArgumentError("segments must be an array of { kv, alpha?, scaling? }");
     for (const s of inj.segments ?? []) {
+      if (s === null || typeof s !== "object" || !(s.kv instanceof KVBlock)) throw new DkiArgumentError("each segment must be { kv: KVBlock, alpha?, scaling? }");
       const alpha = s.alpha ?? 1;
       const scaling = s.scaling ?? "value";
       if (!Number.isFinite(alpha) || alpha < 0) throw new DkiArgumentError(`segment alpha must be a finite number >= 0, got ${alpha}`);
@@ -375,7 +382,8 @@ export class Model {
     }
     const V = this.config.vocabSize;
     for (const t of tokens) {
-      if (!Number.isInteger(t) || t < 0 || t >= V) throw new DkiArgumentError(`token id ${t} is outside the vocabulary (0..${V - 1})`);
+      if (!Number.isInteger(t)) throw new DkiArgumentError(`${what}: token ids must be integers, got ${typeof t === "string" ? JSON.stringify(t) : String(t)}`);
+      if (t < 0 || t >= V) throw new DkiArgumentError(`${what}: token id ${t} is outside the vocabulary (0..${V - 1})`);
     }
   }
 
