@@ -3,7 +3,7 @@ export { Model, resolveDevice, type Device, type LoadOptions, type ModelInfo, ty
 export { entropy, type GenerateOptions, type GenerateResult, type GenerationStats, type SamplingOptions, type FinishReason } from "./engine/generate.js";
 export { native } from "./engine/native.js";
 export { KVBlock, type BlockModel, type DeserializeOptions, type KVStorage } from "./kv/kv-block.js";
-export { TieredKVCache, CorruptEntryError, blockKey, userHash, type BlockRequest, type CacheBudgets, type CacheHit, type CacheModel, type CacheStats, type Tier, type TierStats, type TieredKVCacheOptions } from "./cache/index.js";
+export { TieredKVCache, CorruptEntryError, FolderLockedError, blockKey, userHash, type BlockRequest, type CacheBudgets, type CacheHit, type CacheModel, type CacheStats, type Tier, type TierStats, type TieredKVCacheOptions } from "./cache/index.js";
 export { Tokenizer } from "./tokenizer/tokenizer.js";
 export type { ChatMessage } from "./tokenizer/chat-template.js";
 export { parseHfConfig, type ModelConfig, type Arch } from "./formats/hf-config.js";

@@ -2,12 +2,14 @@
 // come back from (promotion on hit), L3 persistence across restarts, isolation between users and
 // models, single flight, invalidation. Blocks of 8 tokens on the tiny model cost 4096 B in L1,
 // 2144 B in L2 (f16) and 1568 B in L3 (int8 file).
-import { existsSync, writeFileSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { once } from "node:events";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import type { Model } from "../src/engine/model.js";
 import { DkiArgumentError } from "../src/errors.js";
-import { ENTRY_HEADER_BYTES, TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
+import { ENTRY_HEADER_BYTES, FolderLockedError, TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
 import { L3Files } from "../src/cache/tiers/l3-files.js";
 import { Usage } from "../src/cache/usage.js";
 import { CountingModel, diskUsage, tinyModel, tokensFrom } from "./support/cache.js";
@@ -128,6 +130,29 @@ describe("persistence", () => {
     expect((await second.get(r)).tier).toBe("L1");
     // The prefix is part of the identity: without it the entry is not found.
     expect((await second.get({ ...r, prefix: [] })).tier).toBe("L4");
+    await second.close();
+  });
+
+  test("one cache per folder: a second open is refused while the first is open, in this process or another; a dead holder's lock is taken over", async () => {
+    const dir = tempDir();
+    const first = await TieredKVCache.open({ model, dir, budgets: big });
+    await expect(TieredKVCache.open({ model, dir, budgets: big })).rejects.toThrow(/already open in this process: close\(\) that cache first/);
+    await first.close();
+    expect(existsSync(join(dir, ".lock"))).toBe(false);
+    // A live process holding the folder.
+    const child = spawn(process.execPath, ["-e", "setTimeout(() => {}, 60000)"], { stdio: "ignore" });
+    try {
+      writeFileSync(join(dir, ".lock"), `${child.pid}\n`);
+      const err = await TieredKVCache.open({ model, dir, budgets: big }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(FolderLockedError);
+      expect((err as Error).message).toMatch(new RegExp(`is in use by process ${child.pid} .*delete that file`));
+    } finally {
+      child.kill();
+    }
+    await once(child, "exit");
+    // Its process gone (as after a crash): the lock is taken over, and let go at close.
+    const second = await TieredKVCache.open({ model, dir, budgets: big });
+    expect(readFileSync(join(dir, ".lock"), "utf8")).toBe(`${process.pid}\n`);
     await second.close();
   });
 

@@ -12,4 +12,5 @@ export {
 } from "./tiered-cache.js";
 export { blockKey, userHash, type KeyParts } from "./keys.js";
 export { CorruptEntryError, encodeEntry, decodeEntry, ENTRY_HEADER_BYTES } from "./tiers/l3-files.js";
+export { FolderLockedError } from "./tiers/folder-lock.js";
 export type { L2Storage } from "./tiers/l2.js";

@@ -31,6 +31,7 @@
 // blocks are computed on the GPU and L2/L3 bytes are decoded there (only the stored form crosses
 // PCIe); blocks on their way down are encoded there too. A block put() by a caller stays where
 // the caller made it.
+import { mkdir } from "node:fs/promises";
 import { performance } from "node:perf_hooks";
 import type { ComputeBlockOptions } from "../engine/model.js";
 import type { NativeModelHandle } from "../engine/native.js";
@@ -39,6 +40,7 @@ import { KVBlock } from "../kv/kv-block.js";
 import { blockKey, checkTokenList, KEY_PATTERN, userHash } from "./keys.js";
 import { LatencyStats } from "./latency.js";
 import type { Entry } from "./tiers/budgeted-map.js";
+import { FolderLock } from "./tiers/folder-lock.js";
 import { L1Blocks } from "./tiers/l1.js";
 import { L2Buffers, type L2Storage } from "./tiers/l2.js";
 import { CorruptEntryError, ENTRY_HEADER_BYTES, L3Files } from "./tiers/l3-files.js";
@@ -73,7 +75,11 @@ export interface CacheBudgets {
 
 export interface TieredKVCacheOptions {
   model: CacheModel;
-  /** Folder of the L3 files (created if missing). One cache object per folder at a time. */
+  /**
+   * Folder of the L3 files (created if missing). One cache object per folder at a time: open()
+   * takes a lock file there (`.lock`, with this process's id) that close() lets go of, and refuses
+   * a folder another open cache holds. A lock whose process has gone is taken over.
+   */
   dir: string;
   budgets: CacheBudgets;
   /** Form of L2 entries (default "f16"). */
@@ -215,6 +221,8 @@ export class TieredKVCache {
     private readonly l1OnDevice: boolean,
     /** Loads from L2, L3 or the model that may run at once. */
     private readonly loadSlots: Semaphore,
+    /** This object's hold on `dir`, let go by close(). */
+    private readonly lock: FolderLock,
   ) {
     this.l1 = new L1Blocks(budgets.l1Bytes);
     this.l2 = new L2Buffers(budgets.l2Bytes, l2Storage);
@@ -240,8 +248,15 @@ export class TieredKVCache {
     if (l1OnDevice && !onCuda) throw new DkiArgumentError('l1OnDevice needs a model loaded with device "cuda"; this one runs on the CPU');
     const maxLoads = opts.maxConcurrentLoads ?? 2;
     if (!Number.isInteger(maxLoads) || maxLoads < 1) throw new DkiArgumentError(`maxConcurrentLoads must be a positive integer, got ${maxLoads}`);
-    const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
-    return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice, new Semaphore(maxLoads));
+    await mkdir(dir, { recursive: true });
+    const lock = await FolderLock.acquire(dir);
+    try {
+      const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
+      return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice, new Semaphore(maxLoads), lock);
+    } catch (e) {
+      await lock.release();
+      throw e;
+    }
   }
 
   /** The key a request maps to (validates the request). */
@@ -407,9 +422,18 @@ export class TieredKVCache {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await Promise.allSettled([...this.inflight.values()]);
-    await this.flush();
-    await this.l3.persistRanking();
+    try {
+      await Promise.allSettled([...this.inflight.values()]);
+      await this.flush();
+      await this.l3.persistRanking();
+    } finally {
+      this.letGo();
+      await this.lock.release();
+    }
+  }
+
+  /** Drops every block of L1 and L2 (those the cache made are freed once unused). */
+  private letGo(): void {
     const dropped = this.l1BlocksWhere(() => true);
     for (const m of [this.l1, this.l2]) for (const e of [...m.values()]) m.remove(e.key);
     this.leavingL1.clear();

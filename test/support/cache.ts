@@ -41,7 +41,7 @@ export class CountingModel implements CacheModel {
 export { prng } from "./prng.js";
 
 /**
- * Every file under `dir` (entries, temporaries): count and total bytes. Synchronous on purpose:
+ * Every file under `dir` (entries, temporaries) but the cache's lock file: count and total bytes. Synchronous on purpose:
  * no cache callback can run during the walk, so what it sees is bounded by the cache's accounting
  * at one moment (an asynchronous walk could count a file deleted from one folder and a file
  * created in another afterwards, which never coexisted).
@@ -59,6 +59,7 @@ export function diskUsage(dir: string): { files: number; bytes: number; entries:
     }
     for (const e of list) {
       const p = join(d, e.name);
+      if (d === dir && e.name === ".lock") continue; // a few bytes of pid, outside the L3 budget
       if (e.isDirectory()) walk(p);
       else {
         try {

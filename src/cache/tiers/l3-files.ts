@@ -14,8 +14,9 @@
 // Budget accounting counts every byte this tier has on disk or is about to write: a write
 // reserves its size before creating its temporary file, and deleted or cancelled files are
 // counted until their unlink finishes. So the files in the folder never add up to more than the
-// budget, not even for a moment. One cache object per folder: two processes sharing a folder
-// would each keep their own accounting.
+// budget, not even for a moment (the cache's lock file, a few bytes, is not an entry and is not
+// counted). One cache object per folder: two sharing one would each keep their own accounting,
+// which the cache's folder lock (folder-lock.ts) prevents.
 import { mkdir, open, readdir, readFile, rename, stat, unlink, utimes } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { KEY_PATTERN, USER_HASH_PATTERN } from "../keys.js";
