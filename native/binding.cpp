@@ -972,7 +972,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
 
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: all cores)", 0, 1024);
+  const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: all cores)", 0, kMaxThreads);
   g_settings.request([n] { set_thread_count(n); });
   return env.Undefined();
 }
@@ -1078,6 +1078,7 @@ Napi::Object Limits(Napi::Env env) {
   o.Set("segmentTokens", kMaxSegmentTokens);
   o.Set("position", kMaxPosition);
   o.Set("positionBase", kMaxPositionBase);
+  o.Set("threads", kMaxThreads);
   return o;
 }
 

@@ -46,6 +46,8 @@ class ThreadPool {
 
 // The engine's shared pool; resized with set_thread_count (not while a loop runs).
 ThreadPool& thread_pool();
+// Threads set_thread_count takes at most (0: all cores).
+constexpr int kMaxThreads = 1024;
 void set_thread_count(int n);
 int default_thread_count();
 

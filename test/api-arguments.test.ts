@@ -49,6 +49,13 @@ describe("blocks", () => {
     await expect(m.logits([5], { segments: block as never })).rejects.toThrow(/segments must be an array/);
   });
 
+  test("sampling settings are checked as the native sampler takes them (32-bit floats, a 32-bit k)", async () => {
+    await expect(m.generate("t1", { sampling: { temperature: 1e308 } })).rejects.toThrow(/temperature must be a finite number >= 0 \(as a 32-bit float\), got 1e\+308/);
+    await expect(m.generate("t1", { sampling: { temperature: 0.7, topP: 1e-50 } })).rejects.toThrow(/topP must be in \(0, 1\] \(as a 32-bit float\), got 1e-50/);
+    await expect(m.generate("t1", { sampling: { repetitionPenalty: 1e39 } })).rejects.toThrow(/repetitionPenalty must be a finite number > 0/);
+    await expect(m.generate("t1", { sampling: { topK: 2 ** 31 } })).rejects.toThrow(/topK must be an integer from 0 to 2147483647, got 2147483648/);
+  });
+
   test("scaleValues takes α ≥ 0, as injection does", async () => {
     await expect(block.scaleValues(-1)).rejects.toThrow(/alpha must be a finite number >= 0, got -1/);
     expect((await block.scaleValues(0)).nTokens).toBe(3);

@@ -197,7 +197,8 @@ function memoryOptions(cmd: Command): Command {
 
 const modelOption = ["-m, --model <path>", "model: a Hugging Face model folder or a .gguf file"] as const;
 
-// The engine's thread pool takes 0 (all cores) to 1024 threads (setThreads in native/binding.cpp).
+// The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
+// so that --help works without the addon, and a test holds the two equal.
 const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
 
 export function registerGenerateCommands(program: Command): void {

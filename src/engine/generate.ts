@@ -80,10 +80,13 @@ function samplingParams(s: SamplingOptions = {}) {
     repetitionPenalty: s.repetitionPenalty ?? 1,
     seed: s.seed ?? 0,
   };
-  if (!(p.temperature >= 0) || !Number.isFinite(p.temperature)) throw new DkiArgumentError(`temperature must be >= 0, got ${p.temperature}`);
-  if (!Number.isInteger(p.topK) || p.topK < 0) throw new DkiArgumentError(`topK must be a non-negative integer, got ${p.topK}`);
-  if (!(p.topP > 0 && p.topP <= 1)) throw new DkiArgumentError(`topP must be in (0, 1], got ${p.topP}`);
-  if (!(p.repetitionPenalty > 0) || !Number.isFinite(p.repetitionPenalty)) throw new DkiArgumentError(`repetitionPenalty must be > 0, got ${p.repetitionPenalty}`);
+  // The native sampler takes these as 32-bit floats and k as a 32-bit int: each is checked as it
+  // will arrive there (1e308 would be infinite, a topP of 1e-50 zero).
+  const f32 = (v: number) => (typeof v === "number" ? Math.fround(v) : NaN);
+  if (!(f32(p.temperature) >= 0) || !Number.isFinite(f32(p.temperature))) throw new DkiArgumentError(`temperature must be a finite number >= 0 (as a 32-bit float), got ${String(p.temperature)}`);
+  if (!Number.isInteger(p.topK) || p.topK < 0 || p.topK > 0x7fffffff) throw new DkiArgumentError(`topK must be an integer from 0 to 2147483647, got ${String(p.topK)}`);
+  if (!(f32(p.topP) > 0 && f32(p.topP) <= 1)) throw new DkiArgumentError(`topP must be in (0, 1] (as a 32-bit float), got ${String(p.topP)}`);
+  if (!(f32(p.repetitionPenalty) > 0) || !Number.isFinite(f32(p.repetitionPenalty))) throw new DkiArgumentError(`repetitionPenalty must be a finite number > 0 (as a 32-bit float), got ${String(p.repetitionPenalty)}`);
   if (!Number.isSafeInteger(p.seed) || p.seed < 0) throw new DkiArgumentError(`seed must be a non-negative integer, got ${p.seed}`);
   return p;
 }

@@ -85,7 +85,8 @@ function checkLoadOptions(opts: LoadOptions): void {
     if (v !== undefined && !(Number.isInteger(v) && (v as number) >= lo && (v as number) <= hi))
       throw new DkiArgumentError(`${name} must be ${meaning}, got ${shown(v)}`);
   };
-  integerIn("threads", opts.threads, 0, 1024, "an integer from 0 (all cores) to 1024");
+  const maxThreads = native().limits.threads;
+  integerIn("threads", opts.threads, 0, maxThreads, `an integer from 0 (all cores) to ${maxThreads}`);
   integerIn("contextSize", opts.contextSize, 1, native().limits.contextTokens, `an integer from 1 to ${native().limits.contextTokens}`);
   integerIn("deviceIndex", opts.deviceIndex, 0, 1023, "an integer from 0 to 1023");
   if (opts.quantize !== undefined && opts.quantize !== "none" && opts.quantize !== "q8_0")

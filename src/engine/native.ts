@@ -133,6 +133,8 @@ export interface NativeLimits extends ModelShape {
   position: number;
   /** A context's first own position (reset's posBase) stays within ± this. */
   positionBase: number;
+  /** Engine threads (setThreads; 0 means all cores). */
+  threads: number;
 }
 
 export interface NativeAddon {
