@@ -60,16 +60,10 @@ function checkMemoryFlags(flags: MemoryFlags, cmd: Command): void {
   }
 }
 
-/** The engine's vocabulary check, under the option's name so the user knows which list is wrong. */
-function checkVocabulary(model: Model, ids: number[], option: string): void {
-  const V = model.config.vocabSize;
-  const bad = ids.find((t) => t >= V);
-  if (bad !== undefined) throw new Error(`${option}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
-}
-
 /** Computes the memory's K/V block (placed where the position strategy wants it) and the injection options. */
 async function memoryInjection(model: Model, flags: MemoryFlags): Promise<InjectionOptions> {
-  if (flags.memoryTokens) checkVocabulary(model, flags.memoryTokens, "--memory-tokens");
+  // The engine's id check, under the option's name so the user knows which list is wrong.
+  if (flags.memoryTokens) model.checkTokenIds(flags.memoryTokens, "--memory-tokens");
   const tokens = flags.memoryTokens ?? (flags.memory !== undefined ? model.tokenizer.encode(flags.memory, { addSpecialTokens: false }) : null);
   if (!tokens) return {};
   const kv = await model.computeBlock(tokens, { startPos: flags.positions === "negative" ? -tokens.length : 0 });
@@ -89,7 +83,7 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
   await checkModelPath(flags.model, "--model");
   const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize, device: flags.device, contextSize: flags.contextSize });
   try {
-    if (flags.promptTokens) checkVocabulary(model, flags.promptTokens, "--prompt-tokens");
+    if (flags.promptTokens) model.checkTokenIds(flags.promptTokens, "--prompt-tokens");
     const input = flags.promptTokens
       ? { tokens: flags.promptTokens }
       : flags.chat
@@ -170,7 +164,7 @@ async function logits(flags: LogitsFlags & MemoryFlags, cmd: Command): Promise<v
     contextSize: Math.max(flags.tokens.length, flags.memoryTokens?.length ?? 0, 1),
   });
   try {
-    checkVocabulary(model, flags.tokens, "--tokens");
+    model.checkTokenIds(flags.tokens, "--tokens");
     const rows = await model.logits(flags.tokens, await memoryInjection(model, flags));
     process.stdout.write(JSON.stringify({ logits: rows.map((r) => Array.from(r)) }) + "\n");
   } finally {

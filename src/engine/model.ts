@@ -381,9 +381,14 @@ export class Model {
     if (tokens.length > max.tokens) {
       throw new DkiArgumentError(`${what} has ${tokens.length} tokens, more than the ${max.tokens} tokens ${max.name}`);
     }
+    this.checkTokenIds(tokens, what);
+  }
+
+  /** Throws a DkiArgumentError, prefixed with `what`, for an id that is not an integer in the vocabulary. */
+  checkTokenIds(tokens: number[], what: string): void {
     const V = this.config.vocabSize;
     for (const t of tokens) {
-      if (!Number.isInteger(t)) throw new DkiArgumentError(`${what}: token ids must be integers, got ${typeof t === "string" ? JSON.stringify(t) : String(t)}`);
+      if (!Number.isInteger(t)) throw new DkiArgumentError(`${what}: token ids must be integers, got ${shown(t)}`);
       if (t < 0 || t >= V) throw new DkiArgumentError(`${what}: token id ${t} is outside the vocabulary (0..${V - 1})`);
     }
   }
