@@ -102,9 +102,11 @@ export class L3Files {
     readonly budget: number,
   ) {}
 
-  /** Scans the folder (creating it if needed), deletes leftovers of interrupted writes, and trims to the budget. */
+  /**
+   * Scans the folder, deletes leftovers of interrupted writes, and trims to the budget. The folder
+   * exists already: the cache creates it and takes its lock before anything here touches it.
+   */
   static async open(dir: string, budget: number, halfLife: number): Promise<L3Files> {
-    await mkdir(dir, { recursive: true });
     const l3 = new L3Files(dir, budget);
     const found: { key: string; userHash: string; bytes: number; mtime: number }[] = [];
     for (const u of await readdir(dir, { withFileTypes: true })) {
