@@ -67,6 +67,11 @@ describe("blocks", () => {
     expect((err as Error).message).toMatch(/unknown K\/V storage "f8" \(expected f32, f16, bf16, int8\)/);
     expect(() => block.storageBytes("q4" as "f16")).toThrow(DkiArgumentError);
   });
+
+  test("deserialize needs a model: null would skip the native fingerprint check", async () => {
+    const bytes = await block.serialize("f16");
+    await expect(KVBlock.deserialize(null as never, bytes)).rejects.toThrow(/deserialize: model must be a Model or its nativeHandle\(\)/);
+  });
 });
 
 describe("tokenizers with pieces outside the vocabulary", () => {

@@ -17,10 +17,10 @@ function checkStorage(storage: KVStorage): KVStorage {
   return storage;
 }
 
+/** The native handle of a Model, or the handle itself. Never null: the native side reads null as "skip the model check". */
 function handleOf(m: BlockModel): NativeModelHandle {
-  const wrapper = m as { nativeHandle?: unknown } | null;
-  if (wrapper !== null && typeof wrapper === "object" && typeof wrapper.nativeHandle === "function") return (m as { nativeHandle(): NativeModelHandle }).nativeHandle();
-  return m as NativeModelHandle;
+  if (m === null || typeof m !== "object") throw new DkiArgumentError("deserialize: model must be a Model or its nativeHandle()");
+  return "nativeHandle" in m ? m.nativeHandle() : m;
 }
 
 export class KVBlock {
