@@ -5,6 +5,7 @@
       "sources": [
         "native/binding.cpp",
         "native/mapped_file.cpp",
+        "native/file_lock.cpp",
         "native/model.cpp",
         "native/forward.cpp",
         "native/threadpool.cpp",

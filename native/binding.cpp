@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "context.h"
+#include "file_lock.h"
 #include "kernels/kernels.h"
 #include "kv_ops.h"
 #include "model.h"
@@ -1062,6 +1063,39 @@ Napi::Value Cuda(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// A failed system call as a JS Error carrying its errno's name in `code`, as Node's own do, so
+// callers can tell "held by someone else" from "cannot lock here at all".
+template <class F>
+auto system_errors(Napi::Env env, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const SystemError& e) {
+    Napi::Error err = Napi::Error::New(env, e.what());
+    if (!e.code.empty()) err.Value().Set("code", e.code);
+    throw err;
+  } catch (const dki::Error& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
+// lockFile(path) → fd: an exclusive flock on the file (created if missing), held until
+// unlockFile(fd) or this process's end; the file then holds this process's id.
+Napi::Value LockFile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) throw_type(env, "lockFile(path: string)");
+  const std::string path = info[0].As<Napi::String>().Utf8Value();
+  // A NUL would cut the path short and lock another file.
+  if (path.empty() || path.find('\0') != std::string::npos) throw_type(env, "lockFile: path must be a non-empty string without NUL characters");
+  return Napi::Number::New(env, system_errors(env, [&] { return lock_file(path); }));
+}
+
+Napi::Value UnlockFile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const int fd = int_arg(info, 0, "unlockFile(fd: number)", "unlockFile: fd", 0, kIntMax);
+  system_errors(env, [&] { unlock_file(fd); });
+  return env.Undefined();
+}
+
 // The sizes the engine takes, for the TypeScript checks that mirror them (a test keeps the two equal).
 Napi::Object Limits(Napi::Env env) {
   Napi::Object o = Napi::Object::New(env);
@@ -1105,6 +1139,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setPrefetch", Napi::Function::New(env, SetPrefetch));
   exports.Set("setDecodeStreams", Napi::Function::New(env, SetDecodeStreams));
   exports.Set("cuda", Napi::Function::New(env, Cuda));
+  exports.Set("lockFile", Napi::Function::New(env, LockFile));
+  exports.Set("unlockFile", Napi::Function::New(env, UnlockFile));
   return exports;
 }
 

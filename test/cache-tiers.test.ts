@@ -4,10 +4,11 @@
 // 2144 B in L2 (f16) and 1568 B in L3 (int8 file).
 import { spawn } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import type { Model } from "../src/engine/model.js";
+import { packageRoot } from "../src/engine/native.js";
 import { DkiArgumentError } from "../src/errors.js";
 import { ENTRY_HEADER_BYTES, FolderLockedError, TieredKVCache, userHash, type BlockRequest } from "../src/cache/index.js";
 import { L3Files } from "../src/cache/tiers/l3-files.js";
@@ -133,27 +134,57 @@ describe("persistence", () => {
     await second.close();
   });
 
-  test("one cache per folder: a second open is refused while the first is open, in this process or another; a dead holder's lock is taken over", async () => {
+  test("one cache per folder: a second open in this process is refused while the first is open, under any spelling of the folder; the lock file stays at close", async () => {
     const dir = tempDir();
+    const lockFile = join(dir, ".lock");
     const first = await TieredKVCache.open({ model, dir, budgets: big });
     await expect(TieredKVCache.open({ model, dir, budgets: big })).rejects.toThrow(/already open in this process: close\(\) that cache first/);
+    // Through a symlink the path differs, and the kernel's lock refuses it (each open holds its own).
+    const alias = join(tempDir(), "alias");
+    symlinkSync(dir, alias);
+    const err = await TieredKVCache.open({ model, dir: alias, budgets: big }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(FolderLockedError);
+    expect((err as Error).message).toMatch(/already open in this process .*close\(\) that cache first/);
     await first.close();
-    expect(existsSync(join(dir, ".lock"))).toBe(false);
-    // A live process holding the folder.
-    const child = spawn(process.execPath, ["-e", "setTimeout(() => {}, 60000)"], { stdio: "ignore" });
+    expect(readFileSync(lockFile, "utf8")).toBe(`${process.pid}\n`);
+    const again = await TieredKVCache.open({ model, dir: alias, budgets: big });
+    await again.close();
+    expect(existsSync(lockFile)).toBe(true);
+  });
+
+  test("one cache per folder: a lock held by another process refuses open() naming it; once that process is killed (no cleanup), open() succeeds at once", async () => {
+    const dir = tempDir();
+    const lockFile = join(dir, ".lock");
+    const addon = join(packageRoot(), "build", "Release", "dki_native.node");
+    const code = `require(${JSON.stringify(addon)}).lockFile(${JSON.stringify(lockFile)}); console.log("locked"); setInterval(() => {}, 60000);`;
+    const child = spawn(process.execPath, ["-e", code], { stdio: ["ignore", "pipe", "pipe"] });
+    const exited = once(child, "exit");
     try {
-      writeFileSync(join(dir, ".lock"), `${child.pid}\n`);
+      let stderr = "";
+      child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+      await new Promise<void>((resolve, reject) => {
+        child.stdout.on("data", (d: Buffer) => d.toString().includes("locked") && resolve());
+        child.on("exit", (status) => reject(new Error(`the lock holder exited (${status}) before locking: ${stderr}`)));
+      });
       const err = await TieredKVCache.open({ model, dir, budgets: big }).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(FolderLockedError);
-      expect((err as Error).message).toMatch(new RegExp(`is in use by process ${child.pid} .*delete that file`));
+      expect((err as Error).message).toMatch(new RegExp(`is in use by process ${child.pid} `));
     } finally {
-      child.kill();
+      child.kill("SIGKILL");
     }
-    await once(child, "exit");
-    // Its process gone (as after a crash): the lock is taken over, and let go at close.
-    const second = await TieredKVCache.open({ model, dir, budgets: big });
-    expect(readFileSync(join(dir, ".lock"), "utf8")).toBe(`${process.pid}\n`);
-    await second.close();
+    expect((await exited)[1]).toBe("SIGKILL");
+    // The file still names the dead holder; the kernel let go of its lock with the process.
+    expect(readFileSync(lockFile, "utf8")).toBe(`${child.pid}\n`);
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    expect(readFileSync(lockFile, "utf8")).toBe(`${process.pid}\n`);
+    await cache.close();
+  });
+
+  test("one cache per folder: a lock file left by a crash whose pid now belongs to an unrelated live process does not hold the folder", async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, ".lock"), `${process.ppid}\n`); // alive, and not a cache
+    const cache = await TieredKVCache.open({ model, dir, budgets: big });
+    await cache.close();
   });
 
   test("writeBehind: false puts the file in place before put() resolves; leftovers of crashed writes are removed on open", async () => {

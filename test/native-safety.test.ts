@@ -8,7 +8,7 @@ import { native, type NativeContextHandle, type NativeModelHandle } from "../src
 import { HEADS_TIMES_HEAD_DIM_LIMIT, SHAPE_LIMITS } from "../src/formats/hf-config.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { KVBlock } from "../src/kv/kv-block.js";
-import { hfLlamaTiny, repoRoot } from "./support/paths.js";
+import { hfLlamaTiny, repoRoot, tempDir } from "./support/paths.js";
 
 const addon = native();
 let model: NativeModelHandle;
@@ -191,5 +191,26 @@ describe("arguments", () => {
     await expect(addon.loadModel({ ...spec, config: { ...spec.config, numHeads: 1024, numKvHeads: 1024, headDim: 512 } })).rejects.toThrow(
       /num_attention_heads × head_dim = 524288 is over 262144/,
     );
+  });
+
+  test("file locks: a held lock is EWOULDBLOCK (a second open in this process too), other failures carry their errno's name; unlockFile closes only descriptors lockFile gave", () => {
+    const path = join(tempDir(), "lock");
+    const fd = addon.lockFile(path);
+    const codeOf = (f: () => unknown) => {
+      try {
+        f();
+      } catch (e) {
+        return (e as NodeJS.ErrnoException).code;
+      }
+      return "no error";
+    };
+    expect(codeOf(() => addon.lockFile(path))).toBe("EWOULDBLOCK");
+    expect(codeOf(() => addon.lockFile(join(path, "under-a-file")))).toBe("ENOTDIR");
+    expect(() => addon.lockFile("a\0b")).toThrow(TypeError);
+    // 0-2 are stdio: closing one of those, or a descriptor of Node's own, would break it far from here.
+    expect(() => addon.unlockFile(2)).toThrow(/descriptor 2 is not a lock lockFile took/);
+    addon.unlockFile(fd);
+    expect(() => addon.unlockFile(fd)).toThrow(/is not a lock lockFile took \(or was already let go of\)/);
+    addon.unlockFile(addon.lockFile(path)); // let go of: free again
   });
 });

@@ -77,8 +77,11 @@ export interface TieredKVCacheOptions {
   model: CacheModel;
   /**
    * Folder of the L3 files (created if missing). One cache object per folder at a time: open()
-   * takes a lock file there (`.lock`, with this process's id) that close() lets go of, and refuses
-   * a folder another open cache holds. A lock whose process has gone is taken over.
+   * takes an OS lock (flock) on `<dir>/.lock`, which close() lets go of, and refuses a folder
+   * another open cache holds, in this process or another (FolderLockedError). The kernel drops
+   * the lock when its process ends, however it ends, so a crash never leaves the folder locked.
+   * The file stays after close (it holds the last holder's process id, only to name it when
+   * refusing); do not delete it while a cache is open.
    */
   dir: string;
   budgets: CacheBudgets;

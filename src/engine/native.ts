@@ -182,6 +182,17 @@ export interface NativeAddon {
   setDecodeStreams(streams: number): void;
   /** Whether this addon has the CUDA backend (npm run build:cuda) and the GPUs it sees; reason says why none. */
   cuda(): { built: boolean; devices: number; names: string[]; reason: string };
+  /**
+   * Opens `path` (created with mode 0644 if missing), takes flock(LOCK_EX) on it without waiting
+   * and writes this process's id and a newline into it. Returns the descriptor, which holds the
+   * lock until unlockFile(fd) or the process's end, however it ends. Throws an Error whose `code`
+   * is "EWOULDBLOCK" when another open of the file holds the lock, this process's included
+   * (flock locks belong to the open, not the process); else the errno's name where it is one the
+   * calls are expected to meet, such as "ENOLCK" or "EOPNOTSUPP" on a filesystem without locks.
+   */
+  lockFile(path: string): number;
+  /** Closes a descriptor lockFile returned, letting go of its lock; refuses any other descriptor. */
+  unlockFile(fd: number): void;
 }
 
 /** The package root: the nearest folder above this file whose package.json is dki-engine's. */

@@ -1,15 +1,26 @@
 // One cache object per L3 folder: a second one, in this process or another, would keep its own
 // budget accounting over the same files, and together they would overrun the budget and evict
-// each other's entries unseen. The lock is a file `<dir>/.lock` holding the owner's pid, created
-// exclusively. A lock left by a process that is gone (a crash, an exit without close()) is taken
-// over. Two processes that find the same stale lock at the same moment can both take it over;
-// the window is the few microseconds between reading it and replacing it.
-import { open, readFile, unlink } from "node:fs/promises";
-import { join } from "node:path";
+// each other's entries unseen. The lock is flock(2) on `<dir>/.lock`, taken through the addon
+// (Node has no flock) on a descriptor kept open for the cache's life. The kernel holds it and
+// drops it when the descriptor is closed or the process ends, a crash or SIGKILL included, so a
+// lock is never stale and never taken over. (A pid file, which this replaced, had to be taken
+// over once its process was gone: two newcomers could both do so at once, and after a pid was
+// reused by an unrelated process the folder was refused until someone deleted the file.)
+//
+// The file's contents, the holder's pid, only name the holder in the refusal. The file is never
+// deleted, at close or ever: a newcomer may have opened it already and would lock the deleted
+// file while a third process created and locked a new one, and both would hold the folder.
+// Deleting it by hand while a cache is open lets a second cache in for the same reason.
+import { readFile } from "node:fs/promises";
+import { resolve } from "node:path";
+import { native } from "../../engine/native.js";
 
 const LOCK_FILE = ".lock";
 
-/** Folders locked by this process: a pid check cannot tell two of its own caches apart. */
+/**
+ * Folders locked by this process. flock already refuses a second lock here (each open is its own
+ * holder), but this names the reason plainly.
+ */
 const heldHere = new Set<string>();
 
 export class FolderLockedError extends Error {
@@ -22,55 +33,45 @@ export class FolderLockedError extends Error {
 export class FolderLock {
   private released = false;
 
-  private constructor(private readonly path: string) {}
+  private constructor(
+    private readonly path: string,
+    private readonly fd: number,
+  ) {}
 
   /** Takes the folder's lock (the folder must exist), or throws FolderLockedError naming the holder. */
   static async acquire(dir: string): Promise<FolderLock> {
-    const path = join(dir, LOCK_FILE);
+    const path = resolve(dir, LOCK_FILE);
     if (heldHere.has(path)) throw new FolderLockedError(`the cache folder ${dir} is already open in this process: close() that cache first`);
-    // Once to create the lock, and once more after removing a stale one.
-    for (let attempt = 0; attempt < 2; attempt++) {
-      try {
-        const fh = await open(path, "wx");
-        try {
-          await fh.writeFile(`${process.pid}\n`);
-        } finally {
-          await fh.close();
-        }
-        heldHere.add(path);
-        return new FolderLock(path);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+    let fd: number;
+    try {
+      fd = native().lockFile(path);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === "EWOULDBLOCK") throw new FolderLockedError(await heldMessage(dir, path));
+      if (code === "ENOLCK" || code === "EOPNOTSUPP") {
+        throw new Error(`the cache folder ${dir} cannot be locked, so one cache per folder cannot be ensured there: ${(e as Error).message}; put it on a filesystem with flock support`);
       }
-      const holder = Number.parseInt(await readFile(path, "utf8").catch(() => ""), 10);
-      if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && isRunning(holder)) {
-        throw new FolderLockedError(
-          `the cache folder ${dir} is in use by process ${holder} (${path}); if no such process uses it, delete that file`,
-        );
-      }
-      // Unreadable, or its process is gone (or it is this pid, left by an earlier process that had it).
-      await unlink(path).catch((err: NodeJS.ErrnoException) => {
-        if (err.code !== "ENOENT") throw err;
-      });
+      throw e;
     }
-    throw new FolderLockedError(`the cache folder ${dir}: another process took its lock (${path}) as this one replaced a stale one`);
+    heldHere.add(path);
+    return new FolderLock(path, fd);
   }
 
-  /** Lets go of the lock (once; later calls do nothing). */
+  /** Lets go of the lock (once; later calls do nothing). The file stays: see the header. */
   async release(): Promise<void> {
     if (this.released) return;
     this.released = true;
     heldHere.delete(this.path);
-    await unlink(this.path).catch(() => {});
+    native().unlockFile(this.fd);
   }
 }
 
-/** Whether a process with this pid exists (EPERM: it does, under another user). */
-function isRunning(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === "EPERM";
-  }
+/** Why the folder was refused, naming the holder by the pid it wrote after taking the lock. */
+async function heldMessage(dir: string, path: string): Promise<string> {
+  // Empty, or its predecessor's pid, for the moment between the holder's lock and its write.
+  const holder = Number.parseInt(await readFile(path, "utf8").catch(() => ""), 10);
+  // Another cache here reached through another spelling of the path (a symlink), or a worker thread's.
+  if (holder === process.pid) return `the cache folder ${dir} is already open in this process (${path}): close() that cache first`;
+  if (Number.isInteger(holder) && holder > 0) return `the cache folder ${dir} is in use by process ${holder} (${path})`;
+  return `the cache folder ${dir} is in use by another process (${path})`;
 }
