@@ -313,6 +313,31 @@ void decode_payload(KVBlock& b, KVStorage storage, const unsigned char* src) {
 
 }  // namespace
 
+namespace {
+
+// F16 ends at 65504: a larger key or value (outlier channels and α-scaled values can be) is stored
+// as inf and would poison every attention score it meets once restored. Such a block is refused
+// in f16 rather than stored broken; bf16 and int8 take any finite value.
+void check_f16_range(const KVBlock& b, const unsigned char* half) {
+  const size_t n = elements(b);
+  const auto inf_or_nan = [&](size_t i) {
+    uint16_t h;
+    std::memcpy(&h, half + 2 * i, 2);
+    return (h & 0x7c00) == 0x7c00;
+  };
+  bool any = false;
+  for (size_t i = 0; i < 2 * n; i++) any |= inf_or_nan(i);  // no early exit: this loop vectorises
+  if (!any) return;
+  size_t i = 0;
+  while (!inf_or_nan(i)) i++;
+  const char* tensor = i < n ? "key" : "value";
+  const size_t layer = (i % n) / b.layer_stride();
+  throw Error(std::string("cannot store this K/V block as f16: a ") + tensor + " in layer " + std::to_string(layer) +
+              " is beyond f16's range (±65504) or not finite; store it as bf16, int8 or f32");
+}
+
+}  // namespace
+
 std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) {
   std::vector<unsigned char> out(serialized_bytes(b, storage));
   const size_t body = out.size() - sizeof(Header);
@@ -324,6 +349,7 @@ std::vector<unsigned char> serialize_block(const KVBlock& b, KVStorage storage) 
   else
 #endif
     encode_payload(host_kv(b, "serialize"), storage, out.data() + at);
+  if (storage == KVStorage::F16) check_f16_range(b, out.data() + at);
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;

@@ -378,6 +378,36 @@ describe("blocks L3 cannot take", () => {
   });
 });
 
+describe("blocks f16 cannot hold", () => {
+  test("a block with values beyond f16's range skips an f16 L2 (noted, not stored as inf) and is served from L3; a bf16 L2 keeps it", async () => {
+    for (const l2Storage of ["f16", "bf16"] as const) {
+      const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: { ...big, l1Bytes: L1_BLOCK }, l2Storage });
+      const r = req(30);
+      // A stand-in for a model with outlier values: the same tokens' block with values up to 1e5.
+      const plain = await model.computeBlock(r.tokens);
+      const maxV = Math.max(...Array.from(plain.values(), Math.abs));
+      const key = await cache.put(r, await plain.scaleValues(1e5 / maxV));
+      plain.dispose();
+      (await cache.get(req(31))).release(); // pushes it out of L1
+      await cache.flush();
+      if (l2Storage === "f16") {
+        expect(cache.stats().backgroundErrors).toBe(1);
+        expect(cache.stats().lastError).toMatch(/beyond f16's range/);
+        expect(cache.locate(key)).toEqual(["L3"]);
+      } else {
+        expect(cache.stats().backgroundErrors).toBe(0);
+        expect(cache.locate(key)).toEqual(["L2", "L3"]);
+      }
+      const hit = await cache.get(r);
+      expect(hit.tier).toBe(l2Storage === "f16" ? "L3" : "L2");
+      const values = Array.from(hit.block.values());
+      expect(values.every(Number.isFinite)).toBe(true);
+      expect(Math.max(...values.map(Math.abs))).toBeGreaterThan(9e4);
+      await cache.close();
+    }
+  });
+});
+
 describe("invalidate and arguments", () => {
   test("invalidate removes a key from every tier, its file included, even while its write is pending", async () => {
     const dir = tempDir();

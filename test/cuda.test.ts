@@ -367,6 +367,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       await expect(KVBlock.deserialize(m.nativeHandle(), bad, { onDevice: true })).rejects.toThrow(/checksum mismatch/);
     });
 
+    test("f16 storage on the device refuses values beyond its range, as on the host", async () => {
+      const dev = await m.computeBlock(memory, { onDevice: true });
+      const maxV = Math.max(...Array.from((await dev.toHost()).values(), Math.abs));
+      const big = await dev.scaleValues(1e5 / maxV);
+      expect(big.device).toBe(0);
+      await expect(big.serialize("f16")).rejects.toThrow(/beyond f16's range/);
+      expect(await big.serialize("bf16")).toEqual(await (await big.toHost()).serialize("bf16"));
+    });
+
     test("computeBlock({ onDevice }) keeps the block on the GPU with the same tensors", async () => {
       const host = await m.computeBlock(memory, { startPos: -memory.length });
       const dev = await m.computeBlock(memory, { startPos: -memory.length, onDevice: true });

@@ -120,6 +120,21 @@ describe("K/V blocks", () => {
     }
   });
 
+  test("f16 storage refuses values beyond its range instead of storing inf; bf16 and int8 keep them", async () => {
+    const b = await compute(model, tokens, 0);
+    const maxV = Math.max(...Array.from(b.values(), Math.abs));
+    const big = await b.scaleValues(1e5 / maxV); // the largest value becomes 1e5 > 65504
+    await expect(big.serialize("f16")).rejects.toThrow(/value in layer \d+ is beyond f16's range \(±65504\).*bf16/);
+    await expect(big.toStorage("f16")).rejects.toThrow(/beyond f16's range/);
+    for (const storage of ["bf16", "int8"] as const) {
+      const r = await big.toStorage(storage);
+      expect(Array.from(r.values()).every(Number.isFinite), storage).toBe(true);
+      expect(maxAbsDiff(r.values(), big.values()) / 1e5, storage).toBeLessThanOrEqual(8e-3);
+    }
+    // The same block within range is stored as before.
+    expect((await b.serialize("f16")).length).toBe(b.serializedBytes("f16"));
+  });
+
   test("f16/bf16 storage is bit-identical on every SIMD path (round to nearest even)", async () => {
     const b = await compute(model, tokens, 0);
     for (const storage of ["f16", "bf16"] as const) {
