@@ -42,6 +42,7 @@ CublasApi load() {
   a.destroy = reinterpret_cast<decltype(a.destroy)>(sym("cublasDestroy_v2"));
   a.set_stream = reinterpret_cast<decltype(a.set_stream)>(sym("cublasSetStream_v2"));
   a.set_math_mode = reinterpret_cast<decltype(a.set_math_mode)>(sym("cublasSetMathMode"));
+  a.set_pointer_mode = reinterpret_cast<decltype(a.set_pointer_mode)>(sym("cublasSetPointerMode_v2"));
   a.gemm_ex = reinterpret_cast<decltype(a.gemm_ex)>(sym("cublasGemmEx"));
   a.status_string = reinterpret_cast<decltype(a.status_string)>(sym("cublasGetStatusString"));
   return a;

@@ -12,6 +12,7 @@ struct CublasApi {
   cublasStatus_t (*destroy)(cublasHandle_t);
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
   cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+  cublasStatus_t (*set_pointer_mode)(cublasHandle_t, cublasPointerMode_t);
   // The C entry point (C++ also sees an inline overload with a cudaDataType compute type).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int m, int n, int k, const void* alpha, const void* A,
                             cudaDataType A_type, int lda, const void* B, cudaDataType B_type, int ldb, const void* beta, void* C,

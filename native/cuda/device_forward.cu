@@ -45,6 +45,7 @@ struct CudaForward::Impl {
   DeviceBuffer x, xn, q, k, v, attn, gate, up, logits, probe;
   DeviceBuffer attn_partial;  // split-K attention state of decode steps
   DeviceBuffer x_half;   // a GEMM's input in the weight's half type
+  DeviceBuffer scalars;  // GemmScalars: alpha and beta of every GEMM
   DeviceBuffer w_f16;    // a Q8_0 weight dequantised for a GEMM
   // Injected segments, concatenated: [layer][kv_head][S_seg][hd], per-column bias and value scale.
   DeviceBuffer seg_k, seg_v, seg_bias, seg_vscale;
@@ -135,7 +136,7 @@ struct CudaForward::Impl {
       b.n_parts = 1, b.cols = W.cols, b.x = x_dev, b.accumulate = accumulate;
       return launch_gemv(b, T, stream);
     }
-    if (W.dtype == DType::F32) return gemm(W.data, CUDA_R_32F, W, x_dev, T, y, accumulate);
+    if (W.dtype == DType::F32) return gemm(W.data, CUDA_R_32F, W, x_dev, T, y, &scalars.get<GemmScalars>()->one, accumulate);
     // cuBLAS multiplies equal input types. Rounding the activations once to BF16 would cost
     // ~0.5 in the logits of the test models; as hi + lo they keep ~16 bits, for twice the GEMM
     // work (prefill is far from compute-bound on the test shapes; see bench/results/gpu-cuda.md).
@@ -149,16 +150,19 @@ struct CudaForward::Impl {
     const size_t n_in = size_t(T) * W.cols;
     char* hi = x_half.get<char>();
     char* lo = hi + n_in * 2;
-    launch_split_half(x_dev, n_in, half, hi, lo, stream);
+    GemmScalars* sc = scalars.get<GemmScalars>();
+    launch_split_half(x_dev, n_in, half, hi, lo, sc, stream);  // x·s, and alpha = 1/s
     const cudaDataType_t type = half == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    gemm(A, type, W, hi, T, y, accumulate);
-    gemm(A, type, W, lo, T, y, true);
+    gemm(A, type, W, hi, T, y, &sc->alpha, accumulate);
+    gemm(A, type, W, lo, T, y, &sc->alpha, true);
   }
 
-  // Column-major view: Yᵀ [rows, T] = W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T].
-  void gemm(const void* A, cudaDataType_t type, const DeviceMatrix& W, const void* X, int T, float* y, bool accumulate) {
-    const float one = 1.f, beta = accumulate ? 1.f : 0.f;
-    DKI_CUBLAS_CHECK(cublas_api().gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, A, type, W.cols, X, type, W.cols, &beta, y,
+  // Column-major view: Yᵀ [rows, T] = alpha · W [rows, cols] (row-major = op T of [cols, rows]) · Xᵀ [cols, T]
+  // (+ Yᵀ when accumulating). alpha is in device memory.
+  void gemm(const void* A, cudaDataType_t type, const DeviceMatrix& W, const void* X, int T, float* y, const float* alpha, bool accumulate) {
+    const GemmScalars* sc = scalars.get<GemmScalars>();
+    const float* beta = accumulate ? &sc->one : &sc->zero;
+    DKI_CUBLAS_CHECK(cublas_api().gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, alpha, A, type, W.cols, X, type, W.cols, beta, y,
                                   CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -214,6 +218,11 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   DKI_CUBLAS_CHECK(cublas_api().set_stream(s.blas, s.stream));
   // Plain fp32 math in F32 GEMMs (no TF32), so F32 models match the CPU to ~1e-5.
   DKI_CUBLAS_CHECK(cublas_api().set_math_mode(s.blas, CUBLAS_DEFAULT_MATH));
+  // Alpha and beta from device memory: an F16 GEMM's alpha is set by the kernel that scales its input.
+  DKI_CUBLAS_CHECK(cublas_api().set_pointer_mode(s.blas, CUBLAS_POINTER_MODE_DEVICE));
+  const GemmScalars scalars;
+  s.scalars.allocate(sizeof scalars, "GEMM scalars");
+  DKI_CUDA_CHECK(cudaMemcpy(s.scalars.get<GemmScalars>(), &scalars, sizeof scalars, cudaMemcpyHostToDevice));
 
   const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;

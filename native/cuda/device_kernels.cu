@@ -142,14 +142,39 @@ __global__ void scale_kernel(float* x, float a, size_t n) {
   if (i < n) x[i] *= a;
 }
 
-// x = hi + lo in a half type: a GEMM of each against half-precision weights, summed, sees the
+// Largest |x[i]|, as float bits: for non-negative floats the unsigned order is the float order,
+// with NaN above inf, so a NaN input is seen (fmaxf would drop it).
+__global__ void absmax_bits_kernel(const float* x, size_t n, unsigned* bits) {
+  unsigned m = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(bits, m);
+}
+
+// F16 ends at 65504 and activations do not (outlier features reach 1e4–1e5 in some models, and
+// would become inf): the power of two s that brings max|x|·s below 2^15, where rounding cannot
+// reach the end. 1 when max|x| is there already, or not finite (inf and NaN then reach the
+// logits as they do in fp32). A power of two scales exactly, and the GEMM's alpha undoes it.
+__device__ float f16_prescale(float absmax) {
+  if (!(absmax >= 32768.f) || isinf(absmax)) return 1.f;
+  int e = 0;
+  frexpf(absmax, &e);  // absmax < 2^e
+  return ldexpf(1.f, 15 - e);
+}
+
+// x·s = hi + lo in a half type: a GEMM of each against half-precision weights, summed, sees the
 // activations to ~16 significant bits (a single rounding to BF16 keeps 8), as the CPU's fp32 does.
+// s = f16_prescale(max|x|) for F16; BF16 has fp32's range, s = 1. sc->alpha = 1/s.
 template <class Half>
-__global__ void split_half_kernel(const float* x, size_t n, Half* hi, Half* lo) {
+__global__ void split_half_kernel(const float* x, size_t n, GemmScalars* sc, Half* hi, Half* lo) {
+  constexpr bool kF16 = std::is_same<Half, __half>::value;
+  const float s = kF16 ? f16_prescale(__uint_as_float(sc->absmax_bits)) : 1.f;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i == 0) sc->alpha = 1.f / s;
   if (i >= n) return;
-  const float v = x[i];
-  if constexpr (std::is_same<Half, __half>::value) {
+  const float v = x[i] * s;
+  if constexpr (kF16) {
     const __half h = __float2half_rn(v);
     hi[i] = h, lo[i] = __float2half_rn(v - __half2float(h));
   } else {
@@ -743,12 +768,18 @@ void launch_scale(float* x, float a, size_t n, cudaStream_t s) {
   DKI_CUDA_LAUNCHED();
 }
 
-void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, cudaStream_t s) {
-  if (to == DType::F16)
-    split_half_kernel<__half><<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__half*>(hi), static_cast<__half*>(lo));
-  else if (to == DType::BF16)
-    split_half_kernel<__nv_bfloat16><<<blocks_for(n), kThreads, 0, s>>>(x, n, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
-  else throw Error(std::string("launch_split_half: cannot convert to ") + dtype_name(to));
+void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, GemmScalars* sc, cudaStream_t s) {
+  if (n == 0) throw Error("launch_split_half: no elements");
+  if (to == DType::F16) {
+    DKI_CUDA_CHECK(cudaMemsetAsync(&sc->absmax_bits, 0, sizeof sc->absmax_bits, s));
+    absmax_bits_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, s>>>(x, n, &sc->absmax_bits);
+    DKI_CUDA_LAUNCHED();
+    split_half_kernel<__half><<<blocks_for(n), kThreads, 0, s>>>(x, n, sc, static_cast<__half*>(hi), static_cast<__half*>(lo));
+  } else if (to == DType::BF16) {
+    split_half_kernel<__nv_bfloat16><<<blocks_for(n), kThreads, 0, s>>>(x, n, sc, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+  } else {
+    throw Error(std::string("launch_split_half: cannot convert to ") + dtype_name(to));
+  }
   DKI_CUDA_LAUNCHED();
 }
 

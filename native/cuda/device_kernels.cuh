@@ -43,8 +43,16 @@ void launch_rope_store(const RopeStoreArgs& a, cudaStream_t s);
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
 void launch_scale(float* x, float a, size_t n, cudaStream_t s);
-// fp32 → hi + lo in F16 or BF16 (the two GEMM inputs that carry an activation past a half weight).
-void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, cudaStream_t s);
+// The scalars of the prefill GEMMs, in device memory (cuBLAS in device pointer mode): a kernel
+// sets a GEMM's alpha in stream order, with no sync and inside a captured graph.
+struct GemmScalars {
+  float one = 1.f, zero = 0.f;
+  float alpha = 1.f;         // of the GEMMs of the last split input: 1/s
+  unsigned absmax_bits = 0;  // max|x| of that input, as float bits
+};
+// fp32 x·s → hi + lo in F16 or BF16 (the two GEMM inputs that carry an activation past a half
+// weight), s a power of two that keeps F16 in range (1 for BF16); sets sc->alpha = 1/s.
+void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, GemmScalars* sc, cudaStream_t s);
 // Q8_0 blocks → F16 (a Q8_0 weight's GEMM operand in prefill).
 void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t s);
 
