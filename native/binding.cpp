@@ -81,11 +81,17 @@ class ComputeLock {
 [[noreturn]] void throw_type(Napi::Env env, const std::string& msg) { throw Napi::TypeError::New(env, msg); }
 
 // f(), with a dki::Error (the engine refusing an input or a state) thrown on as a JS error of
-// class E, its message unchanged.
+// class E, its message unchanged. A failed system call (SystemError) also carries its errno's name
+// in `code`, as Node's own errors do, so callers can tell "held by someone else" from "cannot
+// lock here at all".
 template <class E = Napi::Error, class F>
 auto js_errors(Napi::Env env, F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const SystemError& e) {
+    E err = E::New(env, e.what());
+    if (!e.code.empty()) err.Value().Set("code", e.code);
+    throw err;
   } catch (const dki::Error& e) {
     throw E::New(env, e.what());
   }
@@ -1063,21 +1069,6 @@ Napi::Value Cuda(const Napi::CallbackInfo& info) {
   return o;
 }
 
-// A failed system call as a JS Error carrying its errno's name in `code`, as Node's own do, so
-// callers can tell "held by someone else" from "cannot lock here at all".
-template <class F>
-auto system_errors(Napi::Env env, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const SystemError& e) {
-    Napi::Error err = Napi::Error::New(env, e.what());
-    if (!e.code.empty()) err.Value().Set("code", e.code);
-    throw err;
-  } catch (const dki::Error& e) {
-    throw Napi::Error::New(env, e.what());
-  }
-}
-
 // lockFile(path) → fd: an exclusive flock on the file (created if missing), held until
 // unlockFile(fd) or this process's end; the file then holds this process's id.
 Napi::Value LockFile(const Napi::CallbackInfo& info) {
@@ -1086,13 +1077,13 @@ Napi::Value LockFile(const Napi::CallbackInfo& info) {
   const std::string path = info[0].As<Napi::String>().Utf8Value();
   // A NUL would cut the path short and lock another file.
   if (path.empty() || path.find('\0') != std::string::npos) throw_type(env, "lockFile: path must be a non-empty string without NUL characters");
-  return Napi::Number::New(env, system_errors(env, [&] { return lock_file(path); }));
+  return Napi::Number::New(env, js_errors(env, [&] { return lock_file(path); }));
 }
 
 Napi::Value UnlockFile(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const int fd = int_arg(info, 0, "unlockFile(fd: number)", "unlockFile: fd", 0, kIntMax);
-  system_errors(env, [&] { unlock_file(fd); });
+  js_errors(env, [&] { unlock_file(fd); });
   return env.Undefined();
 }
 
@@ -1113,6 +1104,7 @@ Napi::Object Limits(Napi::Env env) {
   o.Set("position", kMaxPosition);
   o.Set("positionBase", kMaxPositionBase);
   o.Set("threads", kMaxThreads);
+  o.Set("deviceIndex", kMaxDevice);
   return o;
 }
 

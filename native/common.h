@@ -4,12 +4,20 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dki {
 
 // Every failure the engine reports to JS is a dki::Error; the binding turns it into a JS Error.
 struct Error : std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// A failed system call; code names its errno ("EWOULDBLOCK", "ENOLCK", …) for JS callers, or is
+// empty for an errno they are not expected to tell apart.
+struct SystemError : Error {
+  SystemError(const std::string& msg, std::string code) : Error(msg), code(std::move(code)) {}
+  std::string code;
 };
 
 // Q8_0 is llama.cpp's block_q8_0: per 32 weights, an fp16 scale d then 32 int8 q (w = d·q).

@@ -7,13 +7,6 @@
 
 namespace dki {
 
-// A failed system call; code names its errno ("EWOULDBLOCK", "ENOLCK", …), or is empty when the
-// errno is not one the lock calls are expected to meet.
-struct SystemError : Error {
-  SystemError(const std::string& msg, std::string code) : Error(msg), code(std::move(code)) {}
-  std::string code;
-};
-
 // Opens `path` (created with mode 0644 if missing) and takes flock(LOCK_EX) on it without
 // waiting, then replaces its contents with this process's id and a newline, for a refused
 // newcomer to name the holder. Returns the descriptor, which holds the lock until unlock_file.

@@ -18,6 +18,7 @@ describe("Model.load options", () => {
     [{ threads: "2" }, /threads must be an integer from 0 \(all cores\) to 1024, got "2"/],
     [{ threads: 5000 }, /threads must be an integer from 0 \(all cores\) to 1024, got 5000/],
     [{ deviceIndex: -1 }, /deviceIndex must be an integer from 0 to 1023, got -1/],
+    [{ deviceIndex: 1024 }, /deviceIndex must be an integer from 0 to 1023, got 1024/],
     [{ quantize: "q4" }, /quantize must be "none" or "q8_0", got "q4"/],
   ])("%o", async (opts, message) => {
     const err = await Model.load(nowhere, opts as never).catch((e: unknown) => e);

@@ -185,6 +185,22 @@ describe("arguments", () => {
     expect(HEADS_TIMES_HEAD_DIM_LIMIT).toBe(headsTimesHeadDim);
   });
 
+  test("limits.deviceIndex is the GPU index the addon refuses beyond (Model.load's check uses it)", () => {
+    const max = addon.limits.deviceIndex;
+    expect(max).toBe(1023);
+    // A CPU build refuses any GPU index, and a GPU build one the machine lacks, but for another reason.
+    const refusal = (i: number) => {
+      try {
+        addon.kvPoolBytes(i);
+        return "";
+      } catch (e) {
+        return (e as Error).message;
+      }
+    };
+    expect(refusal(max)).not.toMatch(/deviceIndex must be/);
+    expect(refusal(max + 1)).toMatch(new RegExp(`deviceIndex must be an integer from 0 to ${max}, got ${max + 1}`));
+  });
+
   test("model shapes whose products would overflow are refused at load", async () => {
     const config = { ...spec.config, numHeads: 65536, headDim: 65536 };
     await expect(addon.loadModel({ ...spec, config })).rejects.toThrow(/num_attention_heads must be from 1 to 1024, got 65536/);

@@ -88,7 +88,8 @@ function checkLoadOptions(opts: LoadOptions): void {
   const maxThreads = native().limits.threads;
   integerIn("threads", opts.threads, 0, maxThreads, `an integer from 0 (all cores) to ${maxThreads}`);
   integerIn("contextSize", opts.contextSize, 1, native().limits.contextTokens, `an integer from 1 to ${native().limits.contextTokens}`);
-  integerIn("deviceIndex", opts.deviceIndex, 0, 1023, "an integer from 0 to 1023");
+  const maxDevice = native().limits.deviceIndex;
+  integerIn("deviceIndex", opts.deviceIndex, 0, maxDevice, `an integer from 0 to ${maxDevice}`);
   if (opts.quantize !== undefined && opts.quantize !== "none" && opts.quantize !== "q8_0")
     throw new DkiArgumentError(`quantize must be "none" or "q8_0", got ${shown(opts.quantize)}`);
 }

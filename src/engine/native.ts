@@ -135,6 +135,8 @@ export interface NativeLimits extends ModelShape {
   positionBase: number;
   /** Engine threads (setThreads; 0 means all cores). */
   threads: number;
+  /** GPU indices run from 0 to this. */
+  deviceIndex: number;
 }
 
 export interface NativeAddon {
