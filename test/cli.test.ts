@@ -91,7 +91,7 @@ describe("dki generate", () => {
   // The prompt keeps generating (a huge token limit and context) until the test interrupts it.
   const endless = ["generate", "--prompt", "hi", "-n", "100000", "--context-size", "100000"];
 
-  test("Ctrl-C keeps the streamed text and exits 130", async () => {
+  test("Ctrl-C keeps the streamed text, ends with the stats line (aborted) and exits 130", async () => {
     let sent = false;
     const { done } = dkiSpawn([...endless, "--model", dir], "pipe", (_chunk, child) => {
       if (!sent) child.kill("SIGINT");
@@ -101,10 +101,10 @@ describe("dki generate", () => {
     expect(r.code).toBe(130);
     expect(r.stdout.length).toBeGreaterThan(0);
     expect(r.stdout.endsWith("\n")).toBe(true);
-    expect(r.stderr).toBe("[interrupted]\n");
+    expect(r.stderr).toMatch(/^\[\d+ prompt tokens?: .*\| \d+ generated: .*\| aborted\]\n$/);
   });
 
-  test("Ctrl-C with --format json says nothing was printed and exits 130", async () => {
+  test("Ctrl-C with --format json prints the result so far (finish_reason aborted) and exits 130", async () => {
     // No output shows when generation has begun; a SIGINT during the model load kills the
     // process (Node's default), so wait longer and try again in that case.
     for (const delayMs of [500, 1000, 2000, 4000, 8000]) {
@@ -113,8 +113,11 @@ describe("dki generate", () => {
       const r = await done;
       if (r.signal === "SIGINT") continue;
       expect(r.code).toBe(130);
-      expect(r.stdout).toBe("");
-      expect(r.stderr).toBe("dki: interrupted; --format json prints only a finished generation\n");
+      expect(r.stderr).toBe("");
+      const result = JSON.parse(r.stdout);
+      expect(result.finish_reason).toBe("aborted");
+      expect(result.tokens.length).toBeGreaterThan(0);
+      expect(result.stats.decode_tokens).toBe(result.tokens.length);
       return;
     }
     throw new Error("the generation never started within 8 s");

@@ -195,6 +195,41 @@ describe("Node stays responsive", () => {
     expect(n).toBeLessThan(10);
   });
 
+  test("stopOnAbortSignal: an abort during decoding resolves with the text so far ('aborted'), equal to the start of an uninterrupted run", async () => {
+    const ac = new AbortController();
+    let streamed = "";
+    let n = 0;
+    const r = await model.generate("abort me", {
+      maxNewTokens: 200,
+      stopOnEos: false,
+      signal: ac.signal,
+      stopOnAbortSignal: true,
+      onToken: (text) => {
+        streamed += text;
+        if (++n === 5) ac.abort();
+      },
+    });
+    expect(r.finishReason).toBe("aborted");
+    expect(r.tokens.length).toBeGreaterThanOrEqual(5);
+    expect(r.tokens.length).toBeLessThan(10);
+    expect(r.text).toBe(streamed);
+    expect(r.stats.generatedTokens).toBe(r.tokens.length);
+    const full = await model.generate("abort me", { maxNewTokens: r.tokens.length, stopOnEos: false });
+    expect(full.tokens).toEqual(r.tokens);
+    expect(full.text).toBe(r.text);
+  });
+
+  test("stopOnAbortSignal: an abort during the prefill still rejects (nothing generated), and so does disposing of the model", async () => {
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 20);
+    const prompt = Array.from({ length: 1024 }, (_, i) => 100 + i);
+    await expect(slow.generate({ tokens: prompt }, { maxNewTokens: 8, signal: ac.signal, stopOnAbortSignal: true })).rejects.toThrow(/abort/i);
+    const m = await Model.load(slowDir, { contextSize: 512 });
+    let n = 0;
+    const running = m.generate("dispose me", { maxNewTokens: 200, stopOnEos: false, signal: new AbortController().signal, stopOnAbortSignal: true, onToken: () => ++n === 5 && m.dispose() });
+    await expect(running).rejects.toThrow(/model has been disposed/);
+  });
+
   test("a call waiting behind another rejects as soon as its signal aborts, not when the first is done", async () => {
     const prompt = Array.from({ length: 1024 }, (_, i) => 100 + i);
     const events: string[] = [];

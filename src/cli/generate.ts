@@ -91,8 +91,9 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
         : flags.prompt!;
     const json = flags.format === "json";
     const injection = await memoryInjection(model, flags);
-    // Ctrl-C stops the generation, not the process: what was streamed stays, and the exit
-    // status is the shell's 130 for SIGINT. A second Ctrl-C gets Node's default and kills at once.
+    // Ctrl-C stops the generation, not the process: the result so far is printed (finish reason
+    // "aborted"), and the exit status is the shell's 130 for SIGINT. A second Ctrl-C gets Node's
+    // default and kills at once.
     const abort = new AbortController();
     const onSigint = () => abort.abort();
     process.once("SIGINT", onSigint);
@@ -104,22 +105,19 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
         sampling: { temperature: flags.temperature, topK: flags.topK, topP: flags.topP, repetitionPenalty: flags.repetitionPenalty, seed: flags.seed },
         stop: flags.stop,
         signal: abort.signal,
+        stopOnAbortSignal: true,
         onToken: json ? undefined : (text) => process.stdout.write(text),
       });
     } catch (e) {
       if (!abort.signal.aborted) throw e;
-      // The engine returns nothing from an aborted generation, so JSON mode has no result to print.
-      if (json) {
-        process.stderr.write("dki: interrupted; --format json prints only a finished generation\n");
-      } else {
-        process.stdout.write("\n");
-        process.stderr.write("[interrupted]\n");
-      }
+      // Interrupted before the first token (during the prefill): there is no result.
+      process.stderr.write("dki: interrupted before the first token\n");
       process.exitCode = 130;
       return;
     } finally {
       process.off("SIGINT", onSigint);
     }
+    if (r.finishReason === "aborted") process.exitCode = 130;
     const s = r.stats;
     if (json) {
       process.stdout.write(

@@ -26,6 +26,14 @@ export interface GenerateOptions {
   /** Called with each new piece of text (UTF-8 safe, stop strings held back) and the token id. */
   onToken?: (text: string, tokenId: number) => void;
   signal?: AbortSignal;
+  /**
+   * false (default): an abort rejects generate() with the signal's reason. true: an abort once
+   * the first token has been sampled ends the generation like a stop string, and generate()
+   * resolves with what was generated so far and finishReason "aborted" (a chat's stop button
+   * keeps the partial answer). An abort before that (waiting for the model, or during the
+   * prompt's prefill) still rejects: there is nothing to return yet.
+   */
+  stopOnAbortSignal?: boolean;
 }
 
 export interface GenerationStats {
@@ -41,7 +49,7 @@ export interface GenerationStats {
   firstTokenEntropy: number;
 }
 
-export type FinishReason = "eos" | "stop" | "length" | "context";
+export type FinishReason = "eos" | "stop" | "length" | "context" | "aborted";
 
 export interface GenerateResult {
   /** The generated text as it continues the prompt (a leading space is kept). */
@@ -113,6 +121,8 @@ async function evalAbortable(ctx: NativeContextHandle, tokens: number[], mode: L
 /**
  * Runs a generation in a context whose position base and segments the caller has set
  * (`ctx.reset(posBase)` / `ctx.setSegments`); the prompt goes in after any tokens already cached.
+ * `signal` cancels the work: the caller's own (opts.signal) or another reason (the model's
+ * disposal); only the caller's ends a generation with "aborted" under opts.stopOnAbortSignal.
  */
 export async function runGeneration(
   model: Model,
@@ -120,6 +130,7 @@ export async function runGeneration(
   prompt: number[],
   opts: GenerateOptions,
   segmentTokens: number,
+  signal: AbortSignal | undefined = opts.signal,
 ): Promise<GenerateResult> {
   const maxNew = opts.maxNewTokens ?? 128;
   if (!Number.isInteger(maxNew) || maxNew < 0) throw new DkiArgumentError(`maxNewTokens must be a non-negative integer, got ${maxNew}`);
@@ -137,7 +148,7 @@ export async function runGeneration(
   const t0 = performance.now();
   // One logits buffer for the whole generation: each step overwrites the last one's.
   const logits = new Float32Array(model.config.vocabSize);
-  await evalAbortable(ctx, prompt, LogitsMode.Last, opts.signal, logits);
+  await evalAbortable(ctx, prompt, LogitsMode.Last, signal, logits);
   const prefillMs = performance.now() - t0;
   // The model's own distribution, before the ids that cannot become text are masked below.
   let firstTokenEntropy = maxNew === 0 ? entropy(logits) : 0;
@@ -198,7 +209,15 @@ export async function runGeneration(
       finishReason = "context";
       break;
     }
-    await evalAbortable(ctx, [id], LogitsMode.Last, opts.signal, logits);
+    try {
+      await evalAbortable(ctx, [id], LogitsMode.Last, signal, logits);
+    } catch (e) {
+      if (opts.stopOnAbortSignal === true && opts.signal?.aborted) {
+        finishReason = "aborted";
+        break;
+      }
+      throw e;
+    }
     decodeEvals++;
   }
   if (finishReason !== "stop") {

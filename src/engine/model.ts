@@ -370,7 +370,7 @@ export class Model {
   async generate(input: PromptInput, opts: GenerateOptions & InjectionOptions = {}): Promise<GenerateResult> {
     const prompt = this.encodePrompt(input);
     this.checkTokens(prompt);
-    return this.withInjection(opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, { ...opts, signal }, segmentTokens), opts.signal);
+    return this.withInjection(opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, opts, segmentTokens, signal), opts.signal);
   }
 
   /**
