@@ -220,9 +220,9 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   DKI_CUBLAS_CHECK(cublas_api().set_math_mode(s.blas, CUBLAS_DEFAULT_MATH));
   // Alpha and beta from device memory: an F16 GEMM's alpha is set by the kernel that scales its input.
   DKI_CUBLAS_CHECK(cublas_api().set_pointer_mode(s.blas, CUBLAS_POINTER_MODE_DEVICE));
-  const GemmScalars scalars;
-  s.scalars.allocate(sizeof scalars, "GEMM scalars");
-  DKI_CUDA_CHECK(cudaMemcpy(s.scalars.get<GemmScalars>(), &scalars, sizeof scalars, cudaMemcpyHostToDevice));
+  const GemmScalars initial;
+  s.scalars.allocate(sizeof initial, "GEMM scalars");
+  DKI_CUDA_CHECK(cudaMemcpy(s.scalars.get<GemmScalars>(), &initial, sizeof initial, cudaMemcpyHostToDevice));
 
   const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
