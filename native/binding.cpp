@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "context.h"
 #include "file_lock.h"
@@ -165,6 +166,18 @@ W* unwrap_as(Napi::Env env, Napi::Value v, const napi_type_tag& t, const std::st
 // addon have their own: a constructor of one must never be used in another).
 struct Classes {
   Napi::FunctionReference model, block;
+  // File locks this environment took and has not let go of. A worker thread that ends without
+  // unlockFile would otherwise keep its lock until the whole process exits; its environment's
+  // teardown deletes this, which lets go of them.
+  std::set<int> locks;
+  ~Classes() {
+    for (int fd : locks) {
+      try {
+        unlock_file(fd);
+      } catch (...) {  // at teardown there is no one to tell
+      }
+    }
+  }
 };
 Classes& classes(Napi::Env env) { return *env.GetInstanceData<Classes>(); }
 
@@ -1077,12 +1090,18 @@ Napi::Value LockFile(const Napi::CallbackInfo& info) {
   const std::string path = info[0].As<Napi::String>().Utf8Value();
   // A NUL would cut the path short and lock another file.
   if (path.empty() || path.find('\0') != std::string::npos) throw_type(env, "lockFile: path must be a non-empty string without NUL characters");
-  return Napi::Number::New(env, js_errors(env, [&] { return lock_file(path); }));
+  const int fd = js_errors(env, [&] { return lock_file(path); });
+  classes(env).locks.insert(fd);
+  return Napi::Number::New(env, fd);
 }
 
 Napi::Value UnlockFile(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const int fd = int_arg(info, 0, "unlockFile(fd: number)", "unlockFile: fd", 0, kIntMax);
+  // Only this environment's own locks: a number another thread's lock has since taken must not
+  // be closed here, nor again by this environment's teardown.
+  if (classes(env).locks.erase(fd) == 0)
+    throw Napi::Error::New(env, "unlockFile: descriptor " + std::to_string(fd) + " is not a lock lockFile took on this thread (or was already let go of)");
   js_errors(env, [&] { unlock_file(fd); });
   return env.Undefined();
 }

@@ -52,7 +52,11 @@ std::string errno_name(int e) {
 int lock_file(const std::string& path) {
   // O_CLOEXEC: a child process (child_process.spawn execs) would otherwise inherit the
   // descriptor and keep the lock after this process is gone.
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Another user's lock file (0644) opens read-only, and flock takes a read-only descriptor as
+  // well; the file then keeps naming its last writer.
+  const bool writable = fd >= 0 || errno != EACCES;
+  if (!writable) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open", errno);
   int r;
   do r = ::flock(fd, LOCK_EX | LOCK_NB);
@@ -65,7 +69,7 @@ int lock_file(const std::string& path) {
   // Only once the lock is ours: before it, the file is the holder's to write.
   const std::string pid = std::to_string(::getpid()) + "\n";
   errno = 0;
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+  if (writable && (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size()))) {
     const int e = errno != 0 ? errno : EIO;  // a short write sets none
     ::close(fd);
     fail(path, "cannot write this process's id", e);

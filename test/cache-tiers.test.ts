@@ -144,7 +144,7 @@ describe("persistence", () => {
     symlinkSync(dir, alias);
     const err = await TieredKVCache.open({ model, dir: alias, budgets: big }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(FolderLockedError);
-    expect((err as Error).message).toMatch(/already open in this process .*close\(\) that cache first/);
+    expect((err as Error).message).toMatch(/already open: its lock file .* names this process \(\d+\); close\(\) that cache first/);
     await first.close();
     expect(readFileSync(lockFile, "utf8")).toBe(`${process.pid}\n`);
     const again = await TieredKVCache.open({ model, dir: alias, budgets: big });
@@ -168,7 +168,7 @@ describe("persistence", () => {
       });
       const err = await TieredKVCache.open({ model, dir, budgets: big }).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(FolderLockedError);
-      expect((err as Error).message).toMatch(new RegExp(`is in use by process ${child.pid} `));
+      expect((err as Error).message).toMatch(new RegExp(`is in use by another open cache: its lock file .* names process ${child.pid}$`));
     } finally {
       child.kill("SIGKILL");
     }

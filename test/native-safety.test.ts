@@ -1,7 +1,9 @@
 // The addon against misuse from JavaScript: what used to crash the process (a segfault, an abort)
 // must be a clean error or work. Each case here was a reproduced crash or silent misbehaviour.
 import { spawnSync } from "node:child_process";
+import { once } from "node:events";
 import { join } from "node:path";
+import { Worker } from "node:worker_threads";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { nativeConfig } from "../src/engine/model.js";
 import { native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
@@ -226,7 +228,21 @@ describe("arguments", () => {
     // 0-2 are stdio: closing one of those, or a descriptor of Node's own, would break it far from here.
     expect(() => addon.unlockFile(2)).toThrow(/descriptor 2 is not a lock lockFile took/);
     addon.unlockFile(fd);
-    expect(() => addon.unlockFile(fd)).toThrow(/is not a lock lockFile took \(or was already let go of\)/);
+    expect(() => addon.unlockFile(fd)).toThrow(/is not a lock lockFile took on this thread \(or was already let go of\)/);
     addon.unlockFile(addon.lockFile(path)); // let go of: free again
+  });
+
+  test("file locks: a worker thread that ends without unlockFile lets go of its locks; another thread cannot unlock them", async () => {
+    const path = join(tempDir(), "lock");
+    const addonPath = join(repoRoot, "build", "Release", "dki_native.node");
+    const code = `const { parentPort } = require("node:worker_threads");
+      parentPort.postMessage(require(${JSON.stringify(addonPath)}).lockFile(${JSON.stringify(path)}));
+      setInterval(() => {}, 60000);`;
+    const worker = new Worker(code, { eval: true });
+    const [fd] = (await once(worker, "message")) as [number];
+    expect(() => addon.lockFile(path)).toThrow(/locked by another open file/);
+    expect(() => addon.unlockFile(fd)).toThrow(/is not a lock lockFile took on this thread/);
+    await worker.terminate();
+    addon.unlockFile(addon.lockFile(path));
   });
 });

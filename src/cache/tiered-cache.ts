@@ -430,8 +430,11 @@ export class TieredKVCache {
       await this.flush();
       await this.l3.persistRanking();
     } finally {
-      this.letGo();
-      await this.lock.release();
+      try {
+        this.letGo();
+      } finally {
+        await this.lock.release();
+      }
     }
   }
 

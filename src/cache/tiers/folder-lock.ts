@@ -70,8 +70,10 @@ export class FolderLock {
 async function heldMessage(dir: string, path: string): Promise<string> {
   // Empty, or its predecessor's pid, for the moment between the holder's lock and its write.
   const holder = Number.parseInt(await readFile(path, "utf8").catch(() => ""), 10);
-  // Another cache here reached through another spelling of the path (a symlink), or a worker thread's.
-  if (holder === process.pid) return `the cache folder ${dir} is already open in this process (${path}): close() that cache first`;
-  if (Number.isInteger(holder) && holder > 0) return `the cache folder ${dir} is in use by process ${holder} (${path})`;
-  return `the cache folder ${dir} is in use by another process (${path})`;
+  // Another cache here reached through another spelling of the path (a symlink), or a worker
+  // thread's; or, as pids are per container, a process with this pid in another container that
+  // shares the folder. The file may also still name an earlier holder (see lock_file), hence "names".
+  if (holder === process.pid) return `the cache folder ${dir} is already open: its lock file ${path} names this process (${holder}); close() that cache first`;
+  if (Number.isInteger(holder) && holder > 0) return `the cache folder ${dir} is in use by another open cache: its lock file ${path} names process ${holder}`;
+  return `the cache folder ${dir} is in use by another open cache (${path})`;
 }
