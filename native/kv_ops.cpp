@@ -315,9 +315,10 @@ void decode_payload(KVBlock& b, KVStorage storage, const unsigned char* src) {
 
 namespace {
 
-// F16 ends at 65504: a larger key or value (outlier channels and α-scaled values can be) is stored
-// as inf and would poison every attention score it meets once restored. Such a block is refused
-// in f16 rather than stored broken; bf16 and int8 take any finite value.
+// F16 ends at 65504: a key or value of magnitude 65520 or more (outlier channels and α-scaled
+// values can be) rounds to inf and would poison every attention score it meets once restored.
+// Such a block, or one holding a NaN, is refused in f16 rather than stored broken; bf16 and int8
+// take any finite value.
 void check_f16_range(const KVBlock& b, const unsigned char* half) {
   const size_t n = elements(b);
   const auto inf_or_nan = [&](size_t i) {
@@ -333,7 +334,7 @@ void check_f16_range(const KVBlock& b, const unsigned char* half) {
   const char* tensor = i < n ? "key" : "value";
   const size_t layer = (i % n) / b.layer_stride();
   throw Error(std::string("cannot store this K/V block as f16: a ") + tensor + " in layer " + std::to_string(layer) +
-              " is beyond f16's range (±65504) or not finite; store it as bf16, int8 or f32");
+              " is beyond f16's range (it rounds to ±inf past ±65504) or not a number; store it as bf16, int8 or f32");
 }
 
 }  // namespace

@@ -124,15 +124,19 @@ describe("K/V blocks", () => {
     const b = await compute(model, tokens, 0);
     const maxV = Math.max(...Array.from(b.values(), Math.abs));
     const big = await b.scaleValues(1e5 / maxV); // the largest value becomes 1e5 > 65504
-    await expect(big.serialize("f16")).rejects.toThrow(/value in layer \d+ is beyond f16's range \(±65504\).*bf16/);
+    await expect(big.serialize("f16")).rejects.toThrow(/value in layer \d+ is beyond f16's range \(it rounds to ±inf past ±65504\).*bf16/);
     await expect(big.toStorage("f16")).rejects.toThrow(/beyond f16's range/);
     for (const storage of ["bf16", "int8"] as const) {
       const r = await big.toStorage(storage);
       expect(Array.from(r.values()).every(Number.isFinite), storage).toBe(true);
       expect(maxAbsDiff(r.values(), big.values()) / 1e5, storage).toBeLessThanOrEqual(8e-3);
     }
-    // The same block within range is stored as before.
+    // Within range (65500 is an f16 value), the same block is stored as before.
     expect((await b.serialize("f16")).length).toBe(b.serializedBytes("f16"));
+    const edge = await b.scaleValues(65500 / maxV);
+    const back = await KVBlock.deserialize(model, await edge.serialize("f16"));
+    expect(Array.from(back.values()).every(Number.isFinite)).toBe(true);
+    expect(Math.abs(Math.max(...Array.from(back.values(), Math.abs)) - 65500)).toBeLessThanOrEqual(32); // f16's step there
   });
 
   test("f16/bf16 storage is bit-identical on every SIMD path (round to nearest even)", async () => {

@@ -110,7 +110,7 @@ export class KVBlock {
    * Versioned binary with header, model fingerprint, token ids and checksum. A block on a GPU is
    * converted or quantised there, to the same bytes, so only the stored form crosses PCIe. A form
    * larger than a Node Buffer can hold (4 GiB on Node 20) is refused before any work. "f16"
-   * refuses a block holding a value beyond ±65504 (it would be stored as inf): use "bf16" or "int8".
+   * refuses a block holding a value that rounds to inf there (|x| ≥ 65520) or a NaN: use "bf16" or "int8".
    */
   async serialize(storage: KVStorage = "f32"): Promise<Buffer> {
     const bytes = this.serializedBytes(storage);
