@@ -210,8 +210,9 @@ describe("Node stays responsive", () => {
       },
     });
     expect(r.finishReason).toBe("aborted");
+    // onToken runs for tokens that add text, so at least 5 tokens, and far fewer than 200.
     expect(r.tokens.length).toBeGreaterThanOrEqual(5);
-    expect(r.tokens.length).toBeLessThan(10);
+    expect(r.tokens.length).toBeLessThan(50);
     expect(r.text).toBe(streamed);
     expect(r.stats.generatedTokens).toBe(r.tokens.length);
     const full = await model.generate("abort me", { maxNewTokens: r.tokens.length, stopOnEos: false });

@@ -222,7 +222,9 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   DKI_CUBLAS_CHECK(cublas_api().set_pointer_mode(s.blas, CUBLAS_POINTER_MODE_DEVICE));
   const GemmScalars initial;
   s.scalars.allocate(sizeof initial, "GEMM scalars");
-  DKI_CUDA_CHECK(cudaMemcpy(s.scalars.get<GemmScalars>(), &initial, sizeof initial, cudaMemcpyHostToDevice));
+  // On the forward's stream, which the legacy stream of a plain cudaMemcpy does not order (it is
+  // non-blocking); a pageable source is staged before the call returns.
+  DKI_CUDA_CHECK(cudaMemcpyAsync(s.scalars.get<GemmScalars>(), &initial, sizeof initial, cudaMemcpyHostToDevice, s.stream));
 
   const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;

@@ -30,8 +30,8 @@ export interface GenerateOptions {
    * false (default): an abort rejects generate() with the signal's reason. true: an abort once
    * the first token has been sampled ends the generation like a stop string, and generate()
    * resolves with what was generated so far and finishReason "aborted" (a chat's stop button
-   * keeps the partial answer). An abort before that (waiting for the model, or during the
-   * prompt's prefill) still rejects: there is nothing to return yet.
+   * keeps the partial answer). An abort before that (waiting for the model, or during or right
+   * after the prompt's prefill) still rejects: there is nothing to return yet.
    */
   stopOnAbortSignal?: boolean;
 }
@@ -149,6 +149,8 @@ export async function runGeneration(
   // One logits buffer for the whole generation: each step overwrites the last one's.
   const logits = new Float32Array(model.config.vocabSize);
   await evalAbortable(ctx, prompt, LogitsMode.Last, signal, logits);
+  // An abort that came as the prefill finished: still before the first token.
+  if (signal?.aborted) throw abortError(signal);
   const prefillMs = performance.now() - t0;
   // The model's own distribution, before the ids that cannot become text are masked below.
   let firstTokenEntropy = maxNew === 0 ? entropy(logits) : 0;
