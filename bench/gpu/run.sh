@@ -54,8 +54,11 @@ if [ -d node_modules/typescript ]; then npx tsc -p tsconfig.json; fi  # else dis
 node -e "import('./dist/src/engine/native.js').then(({ native }) => { const c = native().cuda(); console.log(c); if (!c.devices) process.exit(1); })"
 # A failing test does not stop the benchmarks (a GPU lease is short: get every number it can
 # give); the script still exits with the tests' status.
+# Each step's time goes to the log, to plan the next lease (device time is counted).
+timed() { local t0=$SECONDS rc=0; "$@" || rc=$?; echo "[run.sh] $* took $((SECONDS - t0)) s (rc $rc)"; return $rc; }
+echo "[run.sh] build took $SECONDS s"
 tests=0
-if step tests; then node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?; fi
-if step bench; then node bench/gpu.js ${quick[@]+"${quick[@]}"}; fi
-if step cache; then node bench/cache.js --device cuda ${quick[@]+"${quick[@]}"}; fi
+if step tests; then timed node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?; fi
+if step bench; then timed node bench/gpu.js ${quick[@]+"${quick[@]}"}; fi
+if step cache; then timed node bench/cache.js --device cuda ${quick[@]+"${quick[@]}"}; fi
 exit "$tests"
