@@ -6,15 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
-#include <set>
 
 namespace dki {
 namespace {
-
-// Descriptors lock_file returned and unlock_file has not closed (worker threads share them).
-std::mutex g_mutex;
-std::set<int> g_locked;
 
 // Only the errnos open, flock, ftruncate, pwrite and close can give here. On Linux EAGAIN is
 // EWOULDBLOCK and ENOTSUP is EOPNOTSUPP, so each has one name.
@@ -74,16 +68,10 @@ int lock_file(const std::string& path) {
     ::close(fd);
     fail(path, "cannot write this process's id", e);
   }
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_locked.insert(fd);
   return fd;
 }
 
 void unlock_file(int fd) {
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_locked.erase(fd) == 0) throw Error("unlockFile: descriptor " + std::to_string(fd) + " is not a lock lockFile took (or was already let go of)");
-  }
   // On Linux the descriptor is closed even when close reports EINTR; retrying could close
   // another file that took its number meanwhile.
   if (::close(fd) != 0 && errno != EINTR) {

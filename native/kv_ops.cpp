@@ -311,10 +311,6 @@ void decode_payload(KVBlock& b, KVStorage storage, const unsigned char* src) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // F16 ends at 65504: a key or value of magnitude 65520 or more (outlier channels and α-scaled
 // values can be) rounds to inf and would poison every attention score it meets once restored.
 // Such a block, or one holding a NaN, is refused in f16 rather than stored broken; bf16 and int8

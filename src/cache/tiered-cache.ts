@@ -257,7 +257,7 @@ export class TieredKVCache {
       const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
       return new TieredKVCache(model, l3, budgets, l2Storage, opts.writeBehind ?? true, halfLife, l1OnDevice, new Semaphore(maxLoads), lock);
     } catch (e) {
-      await lock.release();
+      lock.release();
       throw e;
     }
   }
@@ -433,7 +433,7 @@ export class TieredKVCache {
       try {
         this.letGo();
       } finally {
-        await this.lock.release();
+        this.lock.release();
       }
     }
   }

@@ -187,10 +187,9 @@ export interface NativeAddon {
   /**
    * Opens `path` (created with mode 0644 if missing), takes flock(LOCK_EX) on it without waiting
    * and writes this process's id and a newline into it (another user's file is locked read-only
-   * and left as it is). Returns the descriptor, which holds the
-   * lock until unlockFile(fd), the end of the thread that took it (a worker's teardown lets go of
-   * its locks) or the process's end, however it ends. Throws an Error whose `code`
-   * is "EWOULDBLOCK" when another open of the file holds the lock, this process's included
+   * and left as it is). Returns the descriptor, which holds the lock until unlockFile(fd), the end
+   * of the thread that took it (a worker's teardown lets go of its locks) or the process's end,
+   * however it ends. Throws an Error whose `code` is "EWOULDBLOCK" when another open of the file holds the lock, this process's included
    * (flock locks belong to the open, not the process); else the errno's name where it is one the
    * calls are expected to meet, such as "ENOLCK" or "EOPNOTSUPP" on a filesystem without locks.
    */

@@ -41,10 +41,10 @@ export class CountingModel implements CacheModel {
 export { prng } from "./prng.js";
 
 /**
- * Every file under `dir` (entries, temporaries) but the cache's lock file: count and total bytes. Synchronous on purpose:
- * no cache callback can run during the walk, so what it sees is bounded by the cache's accounting
- * at one moment (an asynchronous walk could count a file deleted from one folder and a file
- * created in another afterwards, which never coexisted).
+ * Every file under `dir` (entries, temporaries) but the cache's lock file: count and total bytes.
+ * Synchronous on purpose: no cache callback can run during the walk, so what it sees is bounded by
+ * the cache's accounting at one moment (an asynchronous walk could count a file deleted from one
+ * folder and a file created in another afterwards, which never coexisted).
  */
 export function diskUsage(dir: string): { files: number; bytes: number; entries: string[] } {
   let files = 0;

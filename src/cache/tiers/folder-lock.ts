@@ -58,7 +58,7 @@ export class FolderLock {
   }
 
   /** Lets go of the lock (once; later calls do nothing). The file stays: see the header. */
-  async release(): Promise<void> {
+  release(): void {
     if (this.released) return;
     this.released = true;
     heldHere.delete(this.path);
