@@ -743,6 +743,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                                        InstanceMethod("reset", &ContextWrap::Reset),
                                        InstanceMethod("truncate", &ContextWrap::Truncate),
                                        InstanceMethod("cancel", &ContextWrap::Cancel),
+                                       InstanceMethod("reserveSegments", &ContextWrap::ReserveSegments),
                                        InstanceMethod("setSegments", &ContextWrap::SetSegments),
                                        InstanceMethod("exportBlock", &ContextWrap::ExportBlock),
                                        InstanceMethod("dispose", &ContextWrap::Dispose),
@@ -863,6 +864,15 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Cancel(const Napi::CallbackInfo& info) {
     if (ctx_) ctx_->cancel();
     return info.Env().Undefined();
+  }
+
+  // reserveSegments(tokens): see Context::reserve_segments.
+  Napi::Value ReserveSegments(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const int tokens = int_arg(info, 0, "reserveSegments(tokens: number)", "tokens", 0, kIntMax);
+    js_errors(env, [&] { c.reserve_segments(tokens); });
+    return env.Undefined();
   }
 
   // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean }])

@@ -41,6 +41,10 @@ class Context {
   // Keep only the first n own tokens (rewind after a rejected continuation).
   void truncate(int n);
   void set_segments(std::vector<Segment> segments);
+  // Checks that `tokens` of segments can be injected and, on a GPU, allocates their device
+  // memory: called before the segments are prepared (remapped), so that a too-large injection
+  // is refused before it costs a copy of every block.
+  void reserve_segments(int64_t tokens);
   const std::vector<Segment>& segments() const { return segments_; }
 
   // Runs tokens through the model after the n_past already cached, appending their K/V.

@@ -85,6 +85,11 @@ void rope(float* x, int T, int n_heads, int hd, const float* cos, const float* s
       rotate_pairs(x + (size_t(t) * n_heads + h) * hd, hd, cos + size_t(t) * half, sin + size_t(t) * half, interleaved);
 }
 
+void check_segment_tokens(int64_t total) {
+  if (total > kMaxSegmentTokens)
+    throw Error("segments hold " + std::to_string(total) + " tokens together; at most " + std::to_string(kMaxSegmentTokens) + " can be injected");
+}
+
 }  // namespace
 
 Context::Context(std::shared_ptr<const Model> model, int max_tokens) : model_(std::move(model)), max_tokens_(max_tokens) {
@@ -120,12 +125,18 @@ void Context::set_attention_probe(int layer) {
   probe_entropy_.assign(layer < 0 ? 0 : model_->config().n_heads, 0.f);
 }
 
+void Context::reserve_segments(int64_t tokens) {
+  check_segment_tokens(tokens);
+#ifdef DKI_CUDA
+  if (cuda_) cuda_->reserve_segments(tokens);
+#endif
+}
+
 void Context::set_segments(std::vector<Segment> segments) {
   const ModelConfig& c = model_->config();
   int64_t total = 0;
   for (const auto& s : segments) total += s.block->n_tokens;
-  if (total > kMaxSegmentTokens)
-    throw Error("segments hold " + std::to_string(total) + " tokens together; at most " + std::to_string(kMaxSegmentTokens) + " can be injected");
+  check_segment_tokens(total);
   for (const auto& s : segments) {
     const KVBlock& b = *s.block;
     if (b.fingerprint != model_->fingerprint()) throw Error("K/V block was computed by another model (fingerprint mismatch)");

@@ -39,9 +39,9 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
 }
 
 describe.skipIf(!gpu)("CUDA backend", () => {
-  // "tiled": prefill attention through the register-tiled kernel (DKI_CUDA_ATTENTION, read when a
-  // context is made: set for the whole describe), at head sizes 16, 64 and 128 (its one and two
-  // groups of output dimensions per thread).
+  // Prefill attention through each kernel (DKI_CUDA_ATTENTION, read when a context is made: set
+  // for the whole describe): "warp", and the default "tiled" at head sizes 16, 64 and 128 (its one
+  // and two groups of output dimensions per thread).
   describe.each([
     ["llama", "f32", 1e-3, 16, "warp"],
     ["qwen2", "f32", 1e-3, 16, "warp"],
@@ -161,8 +161,13 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         const wide = await big.computeBlock(Array.from({ length: 4096 }, (_, i) => (i * 31 + 7) % 49152)); // 1 GiB of K and V
         const short = prompt.slice(0, 8);
         const before = await big.logits(short, { segments: [{ kv: small, alpha: 0.7 }] });
-        // 200 × 4096 tokens × 128 KiB of keys: 100 GiB, past any GPU's memory.
-        const huge = [{ kv: small, alpha: 0.7 }, ...Array.from({ length: 200 }, () => ({ kv: wide, alpha: 1 }))];
+        // Keys alone past this GPU's memory: each copy of `wide` adds 0.5 GiB. The segments sit at
+        // other positions than `wide`'s, so each becomes a remapped copy in host memory: the
+        // device memory is reserved before those copies, or they fill the host first (200 blocks
+        // of 1 GiB, when this test assumed 100 GiB beyond any GPU, killed the test process on an
+        // H200 host with 128 GiB of RAM, before any error).
+        const gib = Number(/([\d.]+) GiB/.exec(native().cuda().names[0]!)![1]);
+        const huge = [{ kv: small, alpha: 0.7 }, ...Array.from({ length: Math.ceil(gib / 0.5) + 1 }, () => ({ kv: wide, alpha: 1 }))];
         await expect(big.logits(short, { segments: huge })).rejects.toThrow(/out of memory/i);
         const after = await big.logits(short, { segments: [{ kv: small, alpha: 0.7 }] });
         expect(maxRowDiff(after, before)).toBe(0);

@@ -72,6 +72,10 @@ class CudaForward {
   // Takes the segments; their K/V go up when the next chunk runs (on its worker thread, not the
   // caller's). The same blocks set again (other α allowed) are not copied again.
   void set_segments(const std::vector<Segment>& segments);
+  // Allocates the device memory for `tokens` of injected segments now, on the caller's thread:
+  // an injection too large for the GPU fails (CUDA out of memory) before the caller spends host
+  // memory on preparing it.
+  void reserve_segments(int64_t tokens);
 
   // Runs T ≤ kMaxCudaChunk tokens at positions pos0.. after n_past cached ones. logits receives the
   // last row (rows == 1) or every row (rows == T), or nothing (rows == 0). When probe is not

@@ -66,8 +66,9 @@ struct CudaForward::Impl {
   // turns graphs off for the context.
   bool use_graphs = true;
   int failed_captures = 0;
-  // DKI_CUDA_ATTENTION=tiled at creation: prefill attention through the register-tiled kernel.
-  bool tiled_attention = false;
+  // Prefill attention through the register-tiled kernel (the default: 2.5-6x the warp kernel on
+  // an H200); DKI_CUDA_ATTENTION=warp at creation keeps the kernel that sums a dot per warp.
+  bool tiled_attention = true;
   cudaGraphExec_t graph = nullptr;
   using GraphKey = std::tuple<int, int, int, const void*, const void*, int, const void*>;
   GraphKey graph_key{};
@@ -116,6 +117,8 @@ struct CudaForward::Impl {
 
   // Uploads `pending` into seg_k/seg_v/seg_bias/seg_vscale and sets S_seg.
   void upload_segments();
+  // Makes the four segment buffers hold S tokens; true when they were replaced (and so hold nothing).
+  bool fit_segments(size_t S);
 
   // Profiling: the step's opening event, then one after each stage (which streams `bytes` of weights).
   void open_step(int T);
@@ -240,7 +243,7 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   const char* attention = std::getenv("DKI_CUDA_ATTENTION");
   if (attention && std::strcmp(attention, "warp") != 0 && std::strcmp(attention, "tiled") != 0)
     throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
-  s.tiled_attention = attention && std::strcmp(attention, "tiled") == 0;
+  s.tiled_attention = !(attention && std::strcmp(attention, "warp") == 0);
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   // Every event a step records (the opening one, the embedding, six stages a layer, the head),
@@ -291,19 +294,7 @@ void CudaForward::Impl::upload_segments() {
     return;
   }
   const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
-  const size_t kv_bytes = heads * S * hd * f;
-  const bool grow = seg_k.bytes() < kv_bytes || seg_v.bytes() < kv_bytes || seg_bias.bytes() < S * f || seg_vscale.bytes() < S * f;
-  if (grow) {
-    // New buffers hold nothing yet, and an allocation that throws leaves its buffer empty: the
-    // segments are uploaded again, whatever was uploaded before. All four are replaced together
-    // (the graph key names seg_k and seg_bias for the four).
-    same = false;
-    uploaded.clear();
-    seg_k.allocate(kv_bytes, "injected segment keys");
-    seg_v.allocate(kv_bytes, "injected segment values");
-    seg_bias.allocate(S * f, "segment score biases");
-    seg_vscale.allocate(S * f, "segment value scales");
-  }
+  if (fit_segments(S)) same = false;
   if (!same) {
     uploaded.clear();  // a failed upload must not leave a stale "same" behind
     // Host blocks go up through the GPU's staging lane, on a stream of its own: nothing on this
@@ -340,6 +331,26 @@ void CudaForward::Impl::upload_segments() {
   uploaded.clear();
   for (const auto& seg : segments) uploaded.push_back(seg.block);
   segments_changed = false;
+}
+
+bool CudaForward::Impl::fit_segments(size_t S) {
+  const size_t f = sizeof(float), kv_bytes = size_t(cfg.n_layers) * cfg.n_kv_heads * S * cfg.head_dim * f;
+  if (seg_k.bytes() >= kv_bytes && seg_v.bytes() >= kv_bytes && seg_bias.bytes() >= S * f && seg_vscale.bytes() >= S * f) return false;
+  // New buffers hold nothing yet, and an allocation that throws leaves its buffer empty: the
+  // segments are uploaded again, whatever was uploaded before. All four are replaced together
+  // (the graph key names seg_k and seg_bias for the four).
+  uploaded.clear();
+  seg_k.allocate(kv_bytes, "injected segment keys");
+  seg_v.allocate(kv_bytes, "injected segment values");
+  seg_bias.allocate(S * f, "segment score biases");
+  seg_vscale.allocate(S * f, "segment value scales");
+  return true;
+}
+
+void CudaForward::reserve_segments(int64_t tokens) {
+  Impl& s = *impl_;
+  DKI_CUDA_CHECK(cudaSetDevice(s.w->device));
+  s.fit_segments(size_t(tokens));
 }
 
 void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe) {

@@ -491,7 +491,7 @@ __global__ void attention_prefill_kernel(AttentionArgs a) {
   }
 }
 
-// --- Register-tiled prefill attention (DKI_CUDA_ATTENTION=tiled) ----------------------------
+// --- Register-tiled prefill attention (the default; DKI_CUDA_ATTENTION=warp turns it off) ---
 //
 // The kernel above does one dot product per (query, column) across a warp and a shuffle tree to
 // sum it: the GPU spends its time in shuffles, not FMAs. This one is FlashAttention's loop on

@@ -105,8 +105,8 @@ struct AttentionArgs {
   int splits = 1;
   float* partial = nullptr;
   // Prefill (splits 1) through the register-tiled kernel (head sizes up to 128, multiples of 4,
-  // within the device's shared memory per block; others take the flash-tiled one). Chosen per
-  // context by DKI_CUDA_ATTENTION=tiled; not the default until it has run on a GPU (it has not yet).
+  // within the device's shared memory per block; others take the flash-tiled one). The default;
+  // a context made with DKI_CUDA_ATTENTION=warp leaves it off.
   bool tiled = false;
 };
 // hd ≤ kMaxHeadDim.

@@ -288,6 +288,9 @@ export class Model {
       if (alpha >= threshold && alpha > 0) kept.push({ kv: s.kv, alpha, scaling });
     }
     const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
+    // Before the remapped copies below: an injection the GPU cannot hold would otherwise first
+    // copy every block in host memory (enough of them exhaust it) and only then fail.
+    ctx.reserveSegments(total);
     let at = positions === "negative" ? -total : 0;
     const made: KVBlock[] = [];
     const placed = [];

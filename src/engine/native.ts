@@ -95,6 +95,11 @@ export interface NativeContextHandle {
   reset(posBase?: number): void;
   truncate(n: number): void;
   cancel(): void;
+  /**
+   * Checks that `tokens` of segments can be injected and, on a GPU, allocates their memory now:
+   * a too-large injection fails before its blocks are prepared (remapped copies in host memory).
+   */
+  reserveSegments(tokens: number): void;
   setSegments(segments: NativeSegment[]): void;
   /** onDevice: on a GPU context, the block stays in GPU memory. */
   exportBlock(from: number, to: number, onDevice?: boolean): NativeKVBlockHandle;
