@@ -134,6 +134,7 @@ writeResults(`cache-${device}`, {
   ],
   rows,
   notes: [
+    onDevice ? `GPU: ${native().cuda().names[0]}.` : "",
     `Random-weight llama at the smollm2-135m shape (30 layers, 3 K/V heads × 64), f16 weights, ${onDevice ? "CUDA backend: L1 in GPU memory, blocks computed there, L2/L3 bytes decoded there (only the stored form crosses PCIe)" : "CPU backend"}.`,
     "recompute: model.computeBlock(tokens), prefill with K/V export. Tier columns: TieredKVCache.get() latency as it reports it (loadMs), " +
       `the block held in that tier only (budgets of the tiers above set to 0), each hit released after (hit.release()); mean of ${LOADS} loads after 1 warm-up.`,

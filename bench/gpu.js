@@ -106,13 +106,13 @@ for (const preset of presets) {
   const model = await Model.load(dir, { device, contextSize: PREFILL[1] + DECODE + 16 });
   const c = model.config;
   const ctx = model.createContext(PREFILL[1] + DECODE + 16);
-  // The same prefills with the register-tiled attention kernel (DKI_CUDA_ATTENTION=tiled, read
-  // when a context is made), which is not the default yet.
-  process.env.DKI_CUDA_ATTENTION = "tiled";
-  const tiled = model.createContext(PREFILL[1] + 16);
+  // The same prefills with the attention kernel that was the default before the register-tiled
+  // one (DKI_CUDA_ATTENTION=warp, read when a context is made).
+  process.env.DKI_CUDA_ATTENTION = "warp";
+  const warp = model.createContext(PREFILL[1] + 16);
   delete process.env.DKI_CUDA_ATTENTION;
   const bench = new Bench({ iterations: 5, warmupIterations: 1, time: 0, warmupTime: 0 });
-  for (const [on, suffix] of [[ctx, ""], [tiled, " tiled"]])
+  for (const [on, suffix] of [[ctx, ""], [warp, " warp"]])
     for (const n of PREFILL) {
       const ids = Int32Array.from(tokens(n, 1));
       bench.add(`prefill ${n}${suffix}`, async () => {
@@ -163,7 +163,7 @@ for (const preset of presets) {
     model: `llama ${preset}`,
     params: `${(model.info.paramCount / 1e9).toFixed(2)}B`,
     ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s`, (n * 1000) / ms[`prefill ${n}`]])),
-    ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s tiled attention`, (n * 1000) / ms[`prefill ${n} tiled`]])),
+    ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s warp attention`, (n * 1000) / ms[`prefill ${n} warp`]])),
     "decode tok/s": decodeTokS,
     "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
     "HBM bound tok/s": boundTokS,
@@ -173,7 +173,7 @@ for (const preset of presets) {
     "TTFT as text ms": ms["ttft as text"],
   };
   ctx.dispose();
-  tiled.dispose();
+  warp.dispose();
   eager.dispose();
   kv.dispose();
   kvDevice?.dispose();

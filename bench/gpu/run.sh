@@ -6,8 +6,9 @@
 #
 # --quick: no llama-8b in the benchmark, cache up to 512 tokens. --only (repeatable) runs those
 # steps alone (the build always runs, incrementally), so a run can be split across calls of a
-# limited length. With OUT set (the device tool's output folder), bench/results and a log of
-# each step are copied there on exit, even after a failure or a timeout's TERM.
+# limited length. With OUT set (the device tool's output folder), the bench/results files this run
+# wrote and a log of each step are copied there on exit, even after a failure or a timeout's TERM; calls append to one
+# log, so `timeout 300 run.sh --only tests; timeout 120 run.sh --only cache` bounds each step.
 #
 # Needs: Node >= 20, the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.18, node_modules (`npm ci`, or
 # unpacked from bench/gpu/pack-for-device.sh on a host without network), and python3 with torch +
@@ -32,10 +33,13 @@ done
 step() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
 
 if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT/logs"
-  trap 'cp -r bench/results "$OUT"/ 2>/dev/null || true' EXIT
+  mkdir -p "$OUT/logs" "$OUT/results"
+  # Only the results this run wrote: the device tool brings back a few files per call, not all of bench/results.
+  started="$(mktemp)"
+  trap 'find bench/results -type f -newer "$started" -exec cp {} "$OUT/results/" \; 2>/dev/null || true' EXIT
   trap 'exit 143' TERM
-  exec > >(tee "$OUT/logs/run.log") 2>&1
+  exec > >(tee -a "$OUT/logs/run.log") 2>&1
+  echo "[run.sh] $(date -u +%FT%TZ) run.sh ${quick[*]-}${only:+ --only$only}"
 fi
 
 node_prefix="$(dirname "$(dirname "$(readlink -f "$(command -v node)")")")"
