@@ -133,6 +133,11 @@ for (const preset of presets) {
   const eager = model.createContext(PREFILL[1] + DECODE + 16);
   delete process.env.DKI_CUDA_GRAPHS;
   bench.add(`decode ${DECODE} no graphs`, decode(eager));
+  // The decode GEMVs with 8 loads in flight a lane instead of 4 (DKI_CUDA_GEMV_LOADS, opt-in).
+  process.env.DKI_CUDA_GEMV_LOADS = "8";
+  const wide = model.createContext(PREFILL[1] + DECODE + 16);
+  delete process.env.DKI_CUDA_GEMV_LOADS;
+  bench.add(`decode ${DECODE} 8 loads`, decode(wide));
 
   // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
   const memory = tokens(MEMORY, 4);
@@ -166,6 +171,7 @@ for (const preset of presets) {
     ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s warp attention`, (n * 1000) / ms[`prefill ${n} warp`]])),
     "decode tok/s": decodeTokS,
     "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
+    "decode tok/s 8 GEMV loads": (DECODE * 1000) / ms[`decode ${DECODE} 8 loads`],
     "HBM bound tok/s": boundTokS,
     "of bound": boundTokS ? `${((100 * decodeTokS) / boundTokS).toFixed(0)}%` : "n/a",
     "TTFT injected ms": ms["ttft injected"],
@@ -175,6 +181,7 @@ for (const preset of presets) {
   ctx.dispose();
   warp.dispose();
   eager.dispose();
+  wide.dispose();
   kv.dispose();
   kvDevice?.dispose();
   model.dispose();

@@ -41,20 +41,24 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
 describe.skipIf(!gpu)("CUDA backend", () => {
   // Prefill attention through each kernel (DKI_CUDA_ATTENTION, read when a context is made: set
   // for the whole describe): "warp", and the default "tiled" at head sizes 16, 64 and 128 (its one
-  // and two groups of output dimensions per thread).
+  // and two groups of output dimensions per thread). Decode GEMVs of half-precision weights with
+  // 4 (the default) or 8 loads in flight a lane (DKI_CUDA_GEMV_LOADS).
   describe.each([
-    ["llama", "f32", 1e-3, 16, "warp"],
-    ["qwen2", "f32", 1e-3, 16, "warp"],
-    ["llama", "f16", 2e-2, 16, "warp"],
-    ["llama", "bf16", 2e-2, 16, "warp"],
-    ["llama", "f32", 1e-3, 16, "tiled"],
-    ["qwen2", "f32", 1e-3, 64, "tiled"],
-    ["llama", "f32", 1e-3, 128, "tiled"],
-    ["llama", "bf16", 2e-2, 64, "tiled"],
-  ] as [TinyArch, TinyDType, number, number, "warp" | "tiled"][])("%s %s, head size %i, %s prefill attention, against the CPU", (arch, dtype, tol, headDim, attention) => {
+    ["llama", "f32", 1e-3, 16, "warp", 4],
+    ["qwen2", "f32", 1e-3, 16, "warp", 4],
+    ["llama", "f16", 2e-2, 16, "warp", 4],
+    ["llama", "bf16", 2e-2, 16, "warp", 4],
+    ["llama", "f32", 1e-3, 16, "tiled", 4],
+    ["qwen2", "f32", 1e-3, 64, "tiled", 4],
+    ["llama", "f32", 1e-3, 128, "tiled", 4],
+    ["llama", "bf16", 2e-2, 64, "tiled", 4],
+    ["llama", "bf16", 2e-2, 64, "tiled", 8],
+    ["qwen2", "f16", 2e-2, 64, "tiled", 8],
+  ] as [TinyArch, TinyDType, number, number, "warp" | "tiled", 4 | 8][])("%s %s, head size %i, %s prefill attention, %i GEMV loads, against the CPU", (arch, dtype, tol, headDim, attention, loads) => {
     let cpu: Model, cuda: Model;
     beforeAll(async () => {
       process.env.DKI_CUDA_ATTENTION = attention;
+      process.env.DKI_CUDA_GEMV_LOADS = String(loads);
       const dir = tempDir();
       await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim, hiddenSize: 96 } });
       cpu = await Model.load(dir, { contextSize: 1200 });
@@ -62,6 +66,7 @@ describe.skipIf(!gpu)("CUDA backend", () => {
     });
     afterAll(() => {
       delete process.env.DKI_CUDA_ATTENTION;
+      delete process.env.DKI_CUDA_GEMV_LOADS;
       cpu.dispose();
       cuda.dispose();
     });
@@ -322,6 +327,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         expect(() => m.createContext(64)).toThrow(/DKI_CUDA_ATTENTION must be "warp" or "tiled", not "flash"/);
       } finally {
         delete process.env.DKI_CUDA_ATTENTION;
+      }
+    });
+
+    test("a bad DKI_CUDA_GEMV_LOADS is an error naming it when a context is made", () => {
+      process.env.DKI_CUDA_GEMV_LOADS = "16";
+      try {
+        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_GEMV_LOADS must be 4 or 8, not "16"/);
+      } finally {
+        delete process.env.DKI_CUDA_GEMV_LOADS;
       }
     });
 

@@ -66,6 +66,13 @@ struct CudaForward::Impl {
   // turns graphs off for the context.
   bool use_graphs = true;
   int failed_captures = 0;
+  // DKI_CUDA_GEMV_LOADS at creation (4 or 8, default 4): the decode GEMVs' loads in flight a lane.
+  int gemv_loads = 4;
+  GemvBatch gemv_batch() const {
+    GemvBatch b;
+    b.loads = gemv_loads;
+    return b;
+  }
   // Prefill attention through the register-tiled kernel (the default: 2.5-6x the warp kernel on
   // an H200); DKI_CUDA_ATTENTION=warp at creation keeps the kernel that sums a dot per warp.
   bool tiled_attention = true;
@@ -134,7 +141,7 @@ struct CudaForward::Impl {
   // y[T, W.rows] = x[T, W.cols] · Wᵀ, or y += that (the residual stream) when accumulating.
   void linear(const DeviceMatrix& W, const float* x_dev, int T, float* y, bool accumulate = false) {
     if (T <= kGemvMaxTokens) {
-      GemvBatch b;
+      GemvBatch b = gemv_batch();
       b.part[0] = {W, nullptr, y};
       b.n_parts = 1, b.cols = W.cols, b.x = x_dev, b.accumulate = accumulate;
       return launch_gemv(b, T, stream);
@@ -173,7 +180,7 @@ struct CudaForward::Impl {
   // normalises as it reads x; in prefill the norm into xn, then three GEMMs.
   void project_qkv(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* q, float* k, float* v) {
     if (T <= kGemvMaxTokens) {
-      GemvBatch b;
+      GemvBatch b = gemv_batch();
       b.part[0] = {L.wq, L.bq, q};
       b.part[1] = {L.wk, L.bk, k};
       b.part[2] = {L.wv, L.bv, v};
@@ -195,7 +202,7 @@ struct CudaForward::Impl {
   // norm, two GEMMs and the gate in prefill.
   void mlp_hidden(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* gate, float* up) {
     if (T <= kGemvMaxTokens) {
-      GemvBatch b;
+      GemvBatch b = gemv_batch();
       b.part[0] = {L.w_gate, nullptr, gate};
       b.part[1] = {L.w_up, nullptr, up};
       b.n_parts = 2, b.cols = L.w_gate.cols, b.x = x, b.norm = L.ffn_norm, b.eps = cfg.rms_norm_eps;
@@ -244,6 +251,10 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   if (attention && std::strcmp(attention, "warp") != 0 && std::strcmp(attention, "tiled") != 0)
     throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
   s.tiled_attention = !(attention && std::strcmp(attention, "warp") == 0);
+  const char* loads = std::getenv("DKI_CUDA_GEMV_LOADS");
+  if (loads && std::strcmp(loads, "4") != 0 && std::strcmp(loads, "8") != 0)
+    throw Error(std::string("DKI_CUDA_GEMV_LOADS must be 4 or 8, not \"") + loads + "\"");
+  s.gemv_loads = loads && std::strcmp(loads, "8") == 0 ? 8 : 4;
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   // Every event a step records (the opening one, the embedding, six stages a layer, the head),

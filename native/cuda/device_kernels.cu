@@ -195,11 +195,11 @@ __global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out
 
 // --- GEMV: one warp per weight row, T ≤ kGemvMaxTokens tokens at once -------------------------
 //
-// Decode is bound by streaming the weights from HBM once per token, so each lane keeps kGemvLoads
+// Decode is bound by streaming the weights from HBM once per token, so each lane keeps Loads
 // 16-byte loads in flight (one load at a time leaves most of the bandwidth unused), the loads
 // bypass L1 (each weight is read once), and the input rows, read by every warp, stay cached.
-
-constexpr int kGemvLoads = 4;
+// Loads is GemvBatch::loads: 4, or 8, which reads a 2048-column BF16 row in one round trip
+// instead of two for more registers a thread (fewer warps resident).
 
 // 8 half-precision weights from one 16-byte load, as fp32.
 template <class Half>
@@ -215,16 +215,16 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
 // g: the RMSNorm gains folded into the input (x ⊙ g), or null. ss, when not null, also sums
 // x[t]² into ss[t] over the columns this lane reads (the warp reads every column once).
-template <class Half, int T>
+template <class Half, int T, int Loads>
 __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
   constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
-  for (int c0 = lane * 8; c0 < cols; c0 += kStride * kGemvLoads) {
-    uint4 raw[kGemvLoads];
+  for (int c0 = lane * 8; c0 < cols; c0 += kStride * Loads) {
+    uint4 raw[Loads];
 #pragma unroll
-    for (int u = 0; u < kGemvLoads; u++)
+    for (int u = 0; u < Loads; u++)
       raw[u] = c0 + u * kStride < cols ? __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * kStride)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kGemvLoads; u++) {
+    for (int u = 0; u < Loads; u++) {
       const int c = c0 + u * kStride;
       if (c >= cols) break;
       float w[8];
@@ -269,7 +269,7 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
 // ss, when not null, receives Σ x[t]² in ss[t], for a folded RMSNorm: the warp reads every column
 // of x once anyway, so the norm costs no pass of its own over the input.
-template <int T>
+template <int T, int Loads>
 __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
 #pragma unroll
   for (int t = 0; t < T; t++) {
@@ -279,9 +279,9 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
   const size_t off = size_t(r) * W.cols;
   const bool vec8 = W.cols % 8 == 0;
   if (W.dtype == DType::BF16 && vec8) {
-    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc, ss);
+    dot_half<__nv_bfloat16, T, Loads>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::F16 && vec8) {
-    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
+    dot_half<__half, T, Loads>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::Q8_0) {
     dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, g, lane, acc, ss);
   } else {
@@ -307,7 +307,7 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
 __device__ __forceinline__ float input_scale(const GemvBatch& b, const float* ss, int t) { return b.norm ? rsqrtf(ss[t] / b.cols + b.eps) : 1.f; }
 
 // Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
-template <int T>
+template <int T, int Loads>
 __global__ void gemv_kernel(GemvBatch b) {
   int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
   const int lane = threadIdx.x % 32;
@@ -316,7 +316,7 @@ __global__ void gemv_kernel(GemvBatch b) {
   const GemvPart& P = b.part[p];
   if (r >= P.W.rows) return;
   float acc[T], ss[T];
-  row_dot<T>(P.W, r, b.x, b.norm, lane, acc, b.norm ? ss : nullptr);
+  row_dot<T, Loads>(P.W, r, b.x, b.norm, lane, acc, b.norm ? ss : nullptr);
   if (lane != 0) return;
   const float bias = P.bias ? P.bias[r] : 0.f;
   for (int t = 0; t < T; t++) {
@@ -327,14 +327,14 @@ __global__ void gemv_kernel(GemvBatch b) {
 
 // part[0].y[t, r] = silu(Wg[r] · x[t]) · (Wu[r] · x[t]) with part[0] the gate and part[1] the up
 // projection: the MLP's two projections and its gate in one pass.
-template <int T>
+template <int T, int Loads>
 __global__ void gemv_swiglu_kernel(GemvBatch b) {
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
   const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
   if (r >= Wg.rows) return;
   float g[T], u[T], ss[T];
-  row_dot<T>(Wg, r, b.x, b.norm, lane, g, b.norm ? ss : nullptr);  // the input's squares once, for both rows
-  row_dot<T>(Wu, r, b.x, b.norm, lane, u, nullptr);
+  row_dot<T, Loads>(Wg, r, b.x, b.norm, lane, g, b.norm ? ss : nullptr);  // the input's squares once, for both rows
+  row_dot<T, Loads>(Wu, r, b.x, b.norm, lane, u, nullptr);
   if (lane != 0) return;
   for (int t = 0; t < T; t++) {
     const float inv = input_scale(b, ss, t);
@@ -791,15 +791,21 @@ void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t 
   DKI_CUDA_LAUNCHED();
 }
 
-// Calls f(std::integral_constant<int, T>{}): the GEMV kernels take T as a compile-time loop bound.
+// Calls f(std::integral_constant<int, T>{}, std::integral_constant<int, Loads>{}): the GEMV
+// kernels take the token count and the loads in flight as compile-time loop bounds.
 template <class F>
-void with_tokens(int T, const char* what, F f) {
+void with_gemv_params(int T, int loads, const char* what, F f) {
   static_assert(kGemvMaxTokens == 4, "a case for every T up to kGemvMaxTokens");
+  auto with_loads = [&](auto t) {
+    if (loads == 4) return f(t, std::integral_constant<int, 4>{});
+    if (loads == 8) return f(t, std::integral_constant<int, 8>{});
+    throw Error(std::string(what) + ": " + std::to_string(loads) + " loads in flight (4 or 8)");
+  };
   switch (T) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
+    case 1: return with_loads(std::integral_constant<int, 1>{});
+    case 2: return with_loads(std::integral_constant<int, 2>{});
+    case 3: return with_loads(std::integral_constant<int, 3>{});
+    case 4: return with_loads(std::integral_constant<int, 4>{});
   }
   throw Error(std::string(what) + ": " + std::to_string(T) + " tokens (1 to " + std::to_string(kGemvMaxTokens) + ")");
 }
@@ -812,7 +818,7 @@ void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
     rows += b.part[p].W.rows;
   }
   const unsigned grid = blocks_for(rows * 32);
-  with_tokens(T, "launch_gemv", [&](auto t) { gemv_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(b); });
+  with_gemv_params(T, b.loads, "launch_gemv", [&](auto t, auto u) { gemv_kernel<decltype(t)::value, decltype(u)::value><<<grid, kThreads, 0, s>>>(b); });
   DKI_CUDA_LAUNCHED();
 }
 
@@ -821,7 +827,7 @@ void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
   if (b.n_parts != 2 || Wg.rows != Wu.rows || Wg.cols != b.cols || Wu.cols != b.cols)
     throw Error("launch_gemv_swiglu: needs a gate and an up projection of one shape");
   const unsigned grid = blocks_for(size_t(Wg.rows) * 32);
-  with_tokens(T, "launch_gemv_swiglu", [&](auto t) { gemv_swiglu_kernel<decltype(t)::value><<<grid, kThreads, 0, s>>>(b); });
+  with_gemv_params(T, b.loads, "launch_gemv_swiglu", [&](auto t, auto u) { gemv_swiglu_kernel<decltype(t)::value, decltype(u)::value><<<grid, kThreads, 0, s>>>(b); });
   DKI_CUDA_LAUNCHED();
 }
 

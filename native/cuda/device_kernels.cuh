@@ -74,6 +74,7 @@ struct GemvBatch {
   // and eps on the way in: the norm costs no launch and its output no trip through memory.
   const float* norm = nullptr;
   float eps = 0.f;
+  int loads = 4;  // 16-byte weight loads each lane keeps in flight: 4 or 8 (DKI_CUDA_GEMV_LOADS)
 };
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
 // part[0].y[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]) for part[0] = the gate and
