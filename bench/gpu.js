@@ -133,11 +133,23 @@ for (const preset of presets) {
   const eager = model.createContext(PREFILL[1] + DECODE + 16);
   delete process.env.DKI_CUDA_GRAPHS;
   bench.add(`decode ${DECODE} no graphs`, decode(eager));
-  // The decode GEMVs with 8 loads in flight a lane instead of 4 (DKI_CUDA_GEMV_LOADS, opt-in).
-  process.env.DKI_CUDA_GEMV_LOADS = "8";
-  const wide = model.createContext(PREFILL[1] + DECODE + 16);
-  delete process.env.DKI_CUDA_GEMV_LOADS;
-  bench.add(`decode ${DECODE} 8 loads`, decode(wide));
+  // Opt-in decode variants, read when a context is made: the GEMVs with 8 loads in flight a lane
+  // instead of 4, and launched as programmatic dependents (sm_90 and newer only).
+  const variant = (name, value) => {
+    process.env[name] = value;
+    try {
+      return model.createContext(PREFILL[1] + DECODE + 16);
+    } catch (e) {
+      notes.push(`${name}=${value}: ${e.message}`);
+      return null;
+    } finally {
+      delete process.env[name];
+    }
+  };
+  const wide = variant("DKI_CUDA_GEMV_LOADS", "8");
+  const pdl = variant("DKI_CUDA_PDL", "1");
+  if (wide) bench.add(`decode ${DECODE} 8 loads`, decode(wide));
+  if (pdl) bench.add(`decode ${DECODE} PDL`, decode(pdl));
 
   // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
   const memory = tokens(MEMORY, 4);
@@ -171,7 +183,8 @@ for (const preset of presets) {
     ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s warp attention`, (n * 1000) / ms[`prefill ${n} warp`]])),
     "decode tok/s": decodeTokS,
     "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
-    "decode tok/s 8 GEMV loads": (DECODE * 1000) / ms[`decode ${DECODE} 8 loads`],
+    "decode tok/s 8 GEMV loads": wide ? (DECODE * 1000) / ms[`decode ${DECODE} 8 loads`] : null,
+    "decode tok/s PDL": pdl ? (DECODE * 1000) / ms[`decode ${DECODE} PDL`] : null,
     "HBM bound tok/s": boundTokS,
     "of bound": boundTokS ? `${((100 * decodeTokS) / boundTokS).toFixed(0)}%` : "n/a",
     "TTFT injected ms": ms["ttft injected"],
@@ -181,7 +194,8 @@ for (const preset of presets) {
   ctx.dispose();
   warp.dispose();
   eager.dispose();
-  wide.dispose();
+  wide?.dispose();
+  pdl?.dispose();
   kv.dispose();
   kvDevice?.dispose();
   model.dispose();

@@ -39,34 +39,39 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
 }
 
 describe.skipIf(!gpu)("CUDA backend", () => {
-  // Prefill attention through each kernel (DKI_CUDA_ATTENTION, read when a context is made: set
-  // for the whole describe): "warp", and the default "tiled" at head sizes 16, 64 and 128 (its one
-  // and two groups of output dimensions per thread). Decode GEMVs of half-precision weights with
-  // 4 (the default) or 8 loads in flight a lane (DKI_CUDA_GEMV_LOADS).
+  // The kernel choices read when a context is made, set for the whole describe: prefill attention
+  // through the default register-tiled kernel at head sizes 16, 64 and 128 (its one and two groups
+  // of output dimensions per thread) or the warp kernel (DKI_CUDA_ATTENTION=warp); decode GEMVs of
+  // half-precision weights with 8 loads in flight a lane (DKI_CUDA_GEMV_LOADS=8) or launched as
+  // programmatic dependents (DKI_CUDA_PDL=1: a missing wait would read the kernel before's output early).
+  const choices = ["DKI_CUDA_ATTENTION", "DKI_CUDA_GEMV_LOADS", "DKI_CUDA_PDL"];
   describe.each([
-    ["llama", "f32", 1e-3, 16, "warp", 4],
-    ["qwen2", "f32", 1e-3, 16, "warp", 4],
-    ["llama", "f16", 2e-2, 16, "warp", 4],
-    ["llama", "bf16", 2e-2, 16, "warp", 4],
-    ["llama", "f32", 1e-3, 16, "tiled", 4],
-    ["qwen2", "f32", 1e-3, 64, "tiled", 4],
-    ["llama", "f32", 1e-3, 128, "tiled", 4],
-    ["llama", "bf16", 2e-2, 64, "tiled", 4],
-    ["llama", "bf16", 2e-2, 64, "tiled", 8],
-    ["qwen2", "f16", 2e-2, 64, "tiled", 8],
-  ] as [TinyArch, TinyDType, number, number, "warp" | "tiled", 4 | 8][])("%s %s, head size %i, %s prefill attention, %i GEMV loads, against the CPU", (arch, dtype, tol, headDim, attention, loads) => {
+    ["llama", "f32", 1e-3, 16, "DKI_CUDA_ATTENTION=warp"],
+    ["qwen2", "f32", 1e-3, 16, "DKI_CUDA_ATTENTION=warp"],
+    ["llama", "f16", 2e-2, 16, "DKI_CUDA_ATTENTION=warp"],
+    ["llama", "bf16", 2e-2, 16, "DKI_CUDA_ATTENTION=warp"],
+    ["llama", "f32", 1e-3, 16, "defaults"],
+    ["qwen2", "f32", 1e-3, 64, "defaults"],
+    ["llama", "f32", 1e-3, 128, "defaults"],
+    ["llama", "bf16", 2e-2, 64, "defaults"],
+    ["llama", "bf16", 2e-2, 64, "DKI_CUDA_GEMV_LOADS=8"],
+    ["qwen2", "f16", 2e-2, 64, "DKI_CUDA_GEMV_LOADS=8"],
+    ["llama", "bf16", 2e-2, 64, "DKI_CUDA_PDL=1"],
+    ["qwen2", "f32", 1e-3, 64, "DKI_CUDA_PDL=1 DKI_CUDA_GEMV_LOADS=8"],
+  ] as [TinyArch, TinyDType, number, number, string][])("%s %s, head size %i, %s, against the CPU", (arch, dtype, tol, headDim, env) => {
     let cpu: Model, cuda: Model;
     beforeAll(async () => {
-      process.env.DKI_CUDA_ATTENTION = attention;
-      process.env.DKI_CUDA_GEMV_LOADS = String(loads);
+      for (const setting of env.split(" ").filter((s) => s.includes("="))) {
+        const [name, value] = setting.split("=");
+        process.env[name!] = value;
+      }
       const dir = tempDir();
       await makeTinyModel({ arch, preset: "tiny", dtype, out: dir, seed: 5, overrides: { numHeads: 6, numKvHeads: 2, headDim, hiddenSize: 96 } });
       cpu = await Model.load(dir, { contextSize: 1200 });
       cuda = await Model.load(dir, { contextSize: 1200, device: "cuda" });
     });
     afterAll(() => {
-      delete process.env.DKI_CUDA_ATTENTION;
-      delete process.env.DKI_CUDA_GEMV_LOADS;
+      for (const name of choices) delete process.env[name];
       cpu.dispose();
       cuda.dispose();
     });
@@ -330,12 +335,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       }
     });
 
-    test("a bad DKI_CUDA_GEMV_LOADS is an error naming it when a context is made", () => {
-      process.env.DKI_CUDA_GEMV_LOADS = "16";
+    test.each([
+      ["DKI_CUDA_GEMV_LOADS", "16", /DKI_CUDA_GEMV_LOADS must be 4 or 8, not "16"/],
+      ["DKI_CUDA_PDL", "yes", /DKI_CUDA_PDL must be 0 or 1, not "yes"/],
+    ])("a bad %s is an error naming it when a context is made", (name, value, message) => {
+      process.env[name] = value;
       try {
-        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_GEMV_LOADS must be 4 or 8, not "16"/);
+        expect(() => m.createContext(64)).toThrow(message);
       } finally {
-        delete process.env.DKI_CUDA_GEMV_LOADS;
+        delete process.env[name];
       }
     });
 

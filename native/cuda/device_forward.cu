@@ -68,9 +68,13 @@ struct CudaForward::Impl {
   int failed_captures = 0;
   // DKI_CUDA_GEMV_LOADS at creation (4 or 8, default 4): the decode GEMVs' loads in flight a lane.
   int gemv_loads = 4;
+  // DKI_CUDA_PDL=1 at creation (sm_90+): decode GEMVs launched as programmatic dependents. Not
+  // in profiled steps, whose event nodes sit between the kernels.
+  bool pdl = false;
   GemvBatch gemv_batch() const {
     GemvBatch b;
     b.loads = gemv_loads;
+    b.pdl = pdl && !prof.marking;
     return b;
   }
   // Prefill attention through the register-tiled kernel (the default: 2.5-6x the warp kernel on
@@ -255,6 +259,18 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   if (loads && std::strcmp(loads, "4") != 0 && std::strcmp(loads, "8") != 0)
     throw Error(std::string("DKI_CUDA_GEMV_LOADS must be 4 or 8, not \"") + loads + "\"");
   s.gemv_loads = loads && std::strcmp(loads, "8") == 0 ? 8 : 4;
+  const char* pdl = std::getenv("DKI_CUDA_PDL");
+  if (pdl && std::strcmp(pdl, "0") != 0 && std::strcmp(pdl, "1") != 0)
+    throw Error(std::string("DKI_CUDA_PDL must be 0 or 1, not \"") + pdl + "\"");
+  s.pdl = pdl && std::strcmp(pdl, "1") == 0;
+  if (s.pdl) {
+    int major = 0, minor = 0;
+    DKI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.w->device));
+    DKI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.w->device));
+    if (major < 9)
+      throw Error("DKI_CUDA_PDL=1 needs a GPU of compute capability 9.0 or newer; cuda:" + std::to_string(s.w->device) + " is " +
+                  std::to_string(major) + "." + std::to_string(minor));
+  }
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   // Every event a step records (the opening one, the embedding, six stages a layer, the head),

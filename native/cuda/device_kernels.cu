@@ -34,6 +34,25 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// --- Programmatic dependent launch (sm_90 and newer) ------------------------------------------
+//
+// A decode step is about 7 kernels a layer, each too short to hide its own ramp and tail. With
+// GemvBatch::pdl the GEMVs are launched as programmatic dependents: the GPU may start one while
+// the kernel before it is still finishing (the decode kernels allow that first thing), it
+// prefetches its weight rows into L2 meanwhile, and it waits for that kernel's completion and
+// results (griddepcontrol.wait, which covers every kernel before too) before it reads or writes
+// anything else. Both calls do nothing below sm_90 or in a kernel launched without the attribute.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float q8_element(const unsigned char* row, int i) {
   const unsigned char* block = row + (i / kQ8Block) * kQ8BlockBytes;
   const __half d = *reinterpret_cast<const __half*>(block);  // 2-byte aligned: blocks are 34 bytes
@@ -50,6 +69,7 @@ __device__ __forceinline__ float load_element(const void* p, DType t, size_t i) 
 }
 
 __global__ void embed_kernel(const void* E, DType dt, int D, const int32_t* tokens, int T, float* x) {
+  allow_dependents();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(T) * D) return;
   const int t = int(i / D), c = int(i % D);
@@ -59,6 +79,7 @@ __global__ void embed_kernel(const void* E, DType dt, int D, const int32_t* toke
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int D, float* out) {
+  allow_dependents();
   __shared__ float partial[kThreads / 32];
   const float* xr = x + size_t(blockIdx.x) * D;
   float ss = 0.f;
@@ -109,6 +130,7 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
 // Rotates the chunk's queries [T, H, hd] in place and its keys [T, Hkv, hd] into this layer's cache
 // at rows n_past + t, with the values beside them: one thread per rotary pair of a q or k head.
 __global__ void rope_store_kernel(RopeStoreArgs a) {
+  allow_dependents();
   const int half = a.hd / 2, heads = a.H + a.Hkv;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(a.T) * heads * half) return;
@@ -306,14 +328,25 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
 // and ss is not read).
 __device__ __forceinline__ float input_scale(const GemvBatch& b, const float* ss, int t) { return b.norm ? rsqrtf(ss[t] / b.cols + b.eps) : 1.f; }
 
+// A programmatic dependent's start (see allow_dependents): row r of W towards L2 while the kernel
+// before finishes, then the wait for it.
+__device__ __forceinline__ void prefetch_row(const DeviceMatrix& W, int r, int lane) {
+  const size_t bytes = W.dtype == DType::Q8_0 ? size_t(W.cols / kQ8Block) * kQ8BlockBytes : size_t(W.cols) * (W.dtype == DType::F32 ? 4 : 2);
+  const char* row = static_cast<const char*>(W.data) + size_t(r) * bytes;
+  for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + o));
+}
+
 // Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
 template <int T, int Loads>
 __global__ void gemv_kernel(GemvBatch b) {
+  allow_dependents();
   int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
   const int lane = threadIdx.x % 32;
   int p = 0;
   while (p < b.n_parts - 1 && r >= b.part[p].W.rows) r -= b.part[p++].W.rows;
   const GemvPart& P = b.part[p];
+  if (b.pdl && r < P.W.rows) prefetch_row(P.W, r, lane);
+  wait_for_prerequisites();  // before the early return too: nothing of this grid may outrun it
   if (r >= P.W.rows) return;
   float acc[T], ss[T];
   row_dot<T, Loads>(P.W, r, b.x, b.norm, lane, acc, b.norm ? ss : nullptr);
@@ -329,8 +362,11 @@ __global__ void gemv_kernel(GemvBatch b) {
 // projection: the MLP's two projections and its gate in one pass.
 template <int T, int Loads>
 __global__ void gemv_swiglu_kernel(GemvBatch b) {
+  allow_dependents();
   const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
   const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
+  if (b.pdl && r < Wg.rows) prefetch_row(Wg, r, lane), prefetch_row(Wu, r, lane);
+  wait_for_prerequisites();
   if (r >= Wg.rows) return;
   float g[T], u[T], ss[T];
   row_dot<T, Loads>(Wg, r, b.x, b.norm, lane, g, b.norm ? ss : nullptr);  // the input's squares once, for both rows
@@ -656,6 +692,7 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
 // Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range; the warps
 // then merge, and the block writes its partial state (M, L, ES, Σ e^{s−M}·α·v) to a.partial.
 __global__ void attention_split_kernel(AttentionArgs a) {
+  allow_dependents();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, kvh = h / (a.H / a.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hd = a.hd;
@@ -704,6 +741,7 @@ __global__ void attention_split_kernel(AttentionArgs a) {
 // Block (t, h): merges the splits' partial states into the output row, as the warps of one
 // block are merged above.
 __global__ void attention_combine_kernel(AttentionArgs a) {
+  allow_dependents();
   const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
   const size_t row = size_t(t) * a.H + h;
   const float* recs = a.partial + row * a.splits * (hd + 3);
@@ -810,6 +848,20 @@ void with_gemv_params(int T, int loads, const char* what, F f) {
   throw Error(std::string(what) + ": " + std::to_string(T) + " tokens (1 to " + std::to_string(kGemvMaxTokens) + ")");
 }
 
+// Launches a GEMV kernel, as a programmatic dependent of the kernel before it when b.pdl.
+void launch_gemv_kernel(void (*kernel)(GemvBatch), unsigned grid, const GemvBatch& b, cudaStream_t s) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kThreads);
+  config.stream = s;
+  config.attrs = &attr;
+  config.numAttrs = b.pdl ? 1 : 0;
+  DKI_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, b));
+}
+
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
   if (b.n_parts < 1 || b.n_parts > kGemvParts) throw Error("launch_gemv: " + std::to_string(b.n_parts) + " parts");
   size_t rows = 0;
@@ -818,7 +870,7 @@ void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
     rows += b.part[p].W.rows;
   }
   const unsigned grid = blocks_for(rows * 32);
-  with_gemv_params(T, b.loads, "launch_gemv", [&](auto t, auto u) { gemv_kernel<decltype(t)::value, decltype(u)::value><<<grid, kThreads, 0, s>>>(b); });
+  with_gemv_params(T, b.loads, "launch_gemv", [&](auto t, auto u) { launch_gemv_kernel(gemv_kernel<decltype(t)::value, decltype(u)::value>, grid, b, s); });
   DKI_CUDA_LAUNCHED();
 }
 
@@ -827,7 +879,7 @@ void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
   if (b.n_parts != 2 || Wg.rows != Wu.rows || Wg.cols != b.cols || Wu.cols != b.cols)
     throw Error("launch_gemv_swiglu: needs a gate and an up projection of one shape");
   const unsigned grid = blocks_for(size_t(Wg.rows) * 32);
-  with_gemv_params(T, b.loads, "launch_gemv_swiglu", [&](auto t, auto u) { gemv_swiglu_kernel<decltype(t)::value, decltype(u)::value><<<grid, kThreads, 0, s>>>(b); });
+  with_gemv_params(T, b.loads, "launch_gemv_swiglu", [&](auto t, auto u) { launch_gemv_kernel(gemv_swiglu_kernel<decltype(t)::value, decltype(u)::value>, grid, b, s); });
   DKI_CUDA_LAUNCHED();
 }
 

@@ -75,6 +75,9 @@ struct GemvBatch {
   const float* norm = nullptr;
   float eps = 0.f;
   int loads = 4;  // 16-byte weight loads each lane keeps in flight: 4 or 8 (DKI_CUDA_GEMV_LOADS)
+  // Launched as a programmatic dependent of the kernel before (sm_90+, DKI_CUDA_PDL=1): it starts
+  // while that one finishes, prefetching its weights, and waits for its results.
+  bool pdl = false;
 };
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
 // part[0].y[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]) for part[0] = the gate and
