@@ -24,7 +24,7 @@ class Sampler {
   double uniform();  // [0, 1)
   SamplingParams p_;
   uint64_t state_[4];
-  std::vector<float> work_;
+  std::vector<float> work_;     // the logits with the repetition penalty applied
   std::vector<double> weight_;  // exp((logit - max) / T) of each id, for the draw
   std::vector<int> order_;
 };

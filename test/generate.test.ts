@@ -81,6 +81,31 @@ describe("generation", () => {
     near(frequencies({ temperature: 1, topK: 0, topP: 0.7 }), [...softmax([2, 1]), 0, 0]); // 0.64 alone is short of 0.7
   });
 
+  test("greedy picks the first largest logit, never a NaN, at any vocabulary length (the vector passes and their tails)", () => {
+    const greedy = new (native().NativeSampler)({ temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 });
+    const pick = (xs: ArrayLike<number>) => greedy.sample(Float32Array.from(xs), new Int32Array(0));
+    const reference = (xs: Float32Array) => {
+      let best = -1;
+      xs.forEach((x, i) => {
+        if (!Number.isNaN(x) && (best < 0 || x > xs[best]!)) best = i;
+      });
+      return Math.max(best, 0);
+    };
+    let seed = 7;
+    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31) * 20 - 10;
+    for (const n of [1, 3, 15, 16, 17, 31, 32, 33, 100, 1000, 49152]) {
+      const xs = Float32Array.from({ length: n }, random);
+      expect(pick(xs), `length ${n}`).toBe(reference(xs));
+      xs[n - 1] = 1e9; // the maximum in the scalar tail (or the last vector)
+      expect(pick(xs), `length ${n}, last`).toBe(n - 1);
+    }
+    expect(pick([1, 3, Number.NaN, 3, 2])).toBe(1); // ties: the first; NaN skipped
+    expect(pick([Number.NaN, 0.5, ...Array(20).fill(0.25)])).toBe(1);
+    expect(pick(Array(40).fill(Number.NaN))).toBe(0);
+    expect(pick([...Array(39).fill(-Infinity), -1e30])).toBe(39);
+    expect(pick(Array(40).fill(-Infinity))).toBe(0);
+  });
+
   test("repetition penalty follows the HF convention (positive logits divided, negative multiplied, once per token)", () => {
     const greedyWith = (penalty: number, logits: number[], recent: number[]) =>
       new (native().NativeSampler)({ temperature: 0, topK: 0, topP: 1, repetitionPenalty: penalty, seed: 0 }).sample(Float32Array.from(logits), Int32Array.from(recent));
