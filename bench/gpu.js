@@ -58,7 +58,7 @@ function save() {
     rows,
     notes: [
       `GPU: ${cuda.names[0]}; device copy bandwidth ${copyGBs ? copyGBs.toFixed(0) + " GB/s (read + write, torch copy_ of 2 GiB)" : "not measured"}.`,
-      `BF16 weights, batch 1; decode = ${DECODE} tokens after a 16-token prompt; transformers runs the same folders in bfloat16 with its own K/V cache.`,
+      `BF16 weights, batch 1; decode = ${DECODE} tokens after a 16-token prompt (ctx.eval one token at a time; generate(): the same through the public API, greedy); transformers runs the same folders in bfloat16 with its own K/V cache.`,
       `TTFT: a ${PROMPT}-token prompt with a ${MEMORY}-token memory, injected as a precomputed K/V block vs prepended as text.`,
       ...notes,
     ],
@@ -128,6 +128,11 @@ for (const preset of presets) {
     for (const t of next) await on.eval(Int32Array.of(t), LogitsMode.Last);
   };
   bench.add(`decode ${DECODE}`, decode(ctx));
+  // The same steps as a user runs them: generate() (greedy) adds sampling, the stop checks and the
+  // text decoded as it goes to the eval loop above.
+  bench.add(`generate ${DECODE}`, async () => {
+    await model.generate({ tokens: Array.from(start) }, { maxNewTokens: DECODE, stopOnEos: false });
+  });
   // The same steps with every kernel launched from the host: what the CUDA graphs save.
   process.env.DKI_CUDA_GRAPHS = "0";
   const eager = model.createContext(PREFILL[1] + DECODE + 16);
@@ -183,6 +188,7 @@ for (const preset of presets) {
     ...Object.fromEntries(PREFILL.map((n) => [`prefill ${n} tok/s warp attention`, (n * 1000) / ms[`prefill ${n} warp`]])),
     "decode tok/s": decodeTokS,
     "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
+    "generate() tok/s": (DECODE * 1000) / ms[`generate ${DECODE}`],
     "decode tok/s 8 GEMV loads": wide ? (DECODE * 1000) / ms[`decode ${DECODE} 8 loads`] : null,
     "decode tok/s PDL": pdl ? (DECODE * 1000) / ms[`decode ${DECODE} PDL`] : null,
     "HBM bound tok/s": boundTokS,
