@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
-import { runGeneration } from "../src/engine/generate.js";
+import { entropy, runGeneration } from "../src/engine/generate.js";
 import { LogitsMode, native, packageRoot, type NativeContextHandle } from "../src/engine/native.js";
 import { GgufMeta, readGguf, writeGguf, type GgufEntry } from "../src/formats/gguf.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
@@ -79,6 +79,18 @@ describe("generation", () => {
     near(frequencies({ temperature: 2, topK: 0, topP: 1 }), softmax([1, 0.5, 0, -0.5]));
     near(frequencies({ temperature: 1, topK: 2, topP: 1 }), [...softmax([2, 1]), 0, 0]);
     near(frequencies({ temperature: 1, topK: 0, topP: 0.7 }), [...softmax([2, 1]), 0, 0]); // 0.64 alone is short of 0.7
+  });
+
+  test("entropy of softmax(logits): closed forms, -inf logits count as probability 0, NaN gives NaN", () => {
+    expect(entropy(new Float32Array(49152).fill(3))).toBeCloseTo(Math.log(49152), 9);
+    expect(entropy(Float32Array.from([5, -Infinity, -Infinity]))).toBe(0);
+    expect(entropy(Float32Array.from([1, 1, -Infinity, 1]))).toBeCloseTo(Math.log(3), 12);
+    const [a, b] = [2, -0.5]; // two logits: H = −p ln p − q ln q
+    const p = 1 / (1 + Math.exp(b - a));
+    expect(entropy(Float32Array.from([a, b]))).toBeCloseTo(-p * Math.log(p) - (1 - p) * Math.log(1 - p), 12);
+    expect(entropy(Float32Array.from([1e30, 0]))).toBe(0); // no overflow: logits are taken relative to the max
+    expect(entropy(Float32Array.from([1, Number.NaN, 2]))).toBeNaN();
+    expect(entropy(Float32Array.from([1, Infinity]))).toBeNaN();
   });
 
   test("greedy picks the first largest logit, never a NaN, at any vocabulary length (the vector passes and their tails)", () => {

@@ -66,18 +66,28 @@ function isHighSurrogate(c: number): boolean {
   return c >= 0xd800 && c <= 0xdbff;
 }
 
-/** Shannon entropy (nats) of softmax(logits). */
+/**
+ * Shannon entropy (nats) of softmax(logits); NaN if a logit is NaN. One exp a logit and no log:
+ * with d = l − max and e = e^d, H = ln Σe − Σ(e·d) / Σe (three passes with a log each took 4 ms
+ * for 49152 logits, as long as a whole decode step of a small model).
+ */
 export function entropy(logits: Float32Array): number {
   let max = -Infinity;
-  for (const l of logits) if (l > max) max = l;
+  for (let i = 0; i < logits.length; i++) if (logits[i]! > max) max = logits[i]!;
+  if (max === Infinity) return NaN;
   let z = 0;
-  for (const l of logits) z += Math.exp(l - max);
-  let h = 0;
-  for (const l of logits) {
-    const p = Math.exp(l - max) / z;
-    if (p > 0) h -= p * Math.log(p);
+  let ed = 0;
+  for (let i = 0; i < logits.length; i++) {
+    const d = logits[i]! - max;
+    if (Number.isNaN(d)) return NaN;
+    const e = Math.exp(d);
+    if (e > 0) {
+      // a -inf logit has e = 0 and d = -inf: its 0·ln 0 term is 0, not NaN
+      z += e;
+      ed += e * d;
+    }
   }
-  return h;
+  return Math.log(z) - ed / z;
 }
 
 function samplingParams(s: SamplingOptions = {}) {
