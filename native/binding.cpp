@@ -875,7 +875,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     return env.Undefined();
   }
 
-  // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean }])
+  // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean, shift?: number }])
   // The segments are read first: reading them can run JavaScript (getters, proxies) that could
   // dispose this context or start an eval on it, so the context is looked up only afterwards.
   Napi::Value SetSegments(const Napi::CallbackInfo& info) {
@@ -891,6 +891,13 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       s.block = BlockWrap::from(env, o.Get("block"), "segment.block must be a NativeKVBlock")->block(env);
       s.alpha = float(get_number(o, "alpha"));
       s.logit_scaling = get_bool(o, "logit");
+      const Napi::Value shift = o.Get("shift");
+      if (!shift.IsUndefined()) {
+        const double d = shift.IsNumber() ? shift.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(std::fabs(d) <= 2.0 * kMaxPosition) || d != std::floor(d))
+          throw Napi::RangeError::New(env, "segment.shift must be an integer from -" + std::to_string(2 * kMaxPosition) + " to " + std::to_string(2 * kMaxPosition));
+        s.shift = int(d);
+      }
       segs.push_back(std::move(s));
     }
     Context& c = ctx(env);

@@ -45,7 +45,6 @@ class Context {
   // memory: called before the segments are prepared (remapped), so that a too-large injection
   // is refused before it costs a copy of every block.
   void reserve_segments(int64_t tokens);
-  const std::vector<Segment>& segments() const { return segments_; }
 
   // Runs tokens through the model after the n_past already cached, appending their K/V.
   // logits receives nothing, the last row, or every row ([n, vocab]).
@@ -79,6 +78,8 @@ class Context {
   int n_past_ = 0;
   int pos_base_ = 0;
   std::vector<Segment> segments_;
+  // Per segment: cos then sin of −shift·inv_freq ([head_dim]), empty for a shift of 0 (or on a GPU).
+  std::vector<std::vector<float>> segment_turns_;
   std::atomic<bool> cancel_{false};
   std::vector<int32_t> tokens_;  // own tokens, for export_block
   int probe_layer_ = -1;

@@ -6,6 +6,7 @@
 
 #include "context.h"
 #include "kernels/kernels.h"
+#include "kv_ops.h"
 #include "threadpool.h"
 #ifdef DKI_CUDA
 #include "cuda/cuda_backend.h"
@@ -143,12 +144,33 @@ void Context::set_segments(std::vector<Segment> segments) {
     if (b.n_layers != c.n_layers || b.n_kv_heads != c.n_kv_heads || b.head_dim != c.head_dim)
       throw Error("K/V block shape does not match this model");
     if (!(s.alpha > 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a positive finite number");
+    const int64_t start = int64_t(b.start_pos) + s.shift;
+    if (start < -kMaxPosition || start > kMaxPosition)
+      throw Error("a segment shifted to position " + std::to_string(start) + " is outside ±" + std::to_string(kMaxPosition));
     if (!cuda_) host_kv(b, "setSegments");  // the CPU backend reads blocks from host memory
+  }
+  const int half = c.head_dim / 2;
+  std::vector<std::vector<float>> turns(segments.size());
+  for (size_t i = 0; i < segments.size(); i++) {
+    Segment& s = segments[i];
+    if (s.shift == 0) continue;
+    if (cuda_) {  // the GPU kernels read keys where they sit
+      s.block = remap_positions(*s.block, s.block->start_pos + s.shift, model_->inv_freq(), c.rope_interleaved);
+      s.shift = 0;
+      continue;
+    }
+    turns[i].resize(2 * half);
+    for (int k = 0; k < half; k++) {
+      const double angle = -double(s.shift) * model_->inv_freq()[k];
+      turns[i][k] = float(std::cos(angle));
+      turns[i][half + k] = float(std::sin(angle));
+    }
   }
 #ifdef DKI_CUDA
   if (cuda_) cuda_->set_segments(segments);
 #endif
   segments_ = std::move(segments);
+  segment_turns_ = std::move(turns);
 }
 
 StageProfile Context::stage_profile() const {
@@ -300,7 +322,9 @@ void Context::attention(int l, int T) {
   thread_pool().parallel_for(H * blocks, 1, [&](int begin, int end) {
     const Kernels& K = kernels();
     thread_local std::vector<float> probs;  // [kQueryBlock][max_s]
+    thread_local std::vector<float> turned;  // a query turned back by a segment's shift
     probs.resize(size_t(kQueryBlock) * max_s);
+    turned.resize(hd);
     for (int item = begin; item < end; item++) {
       const int h = item / blocks, t0 = (item % blocks) * kQueryBlock, kvh = h / group;
       const int nq = std::min(kQueryBlock, T - t0);
@@ -312,9 +336,17 @@ void Context::attention(int l, int T) {
         float* scores = &probs[size_t(q_i) * max_s];
         // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
         int j = 0;
-        for (const auto& s : segments_) {
+        for (size_t si = 0; si < segments_.size(); si++) {
+          const Segment& s = segments_[si];
           const KVBlock& b = *s.block;
-          K.scores(q, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
+          const std::vector<float>& turn = segment_turns_[si];
+          const float* qs = q;
+          if (!turn.empty()) {
+            std::copy_n(q, hd, turned.data());
+            rotate_pairs(turned.data(), hd, turn.data(), turn.data() + hd / 2, c.rope_interleaved);
+            qs = turned.data();
+          }
+          K.scores(qs, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
           if (s.logit_scaling) {
             const float bias = std::log(s.alpha);
             for (int i = 0; i < b.n_tokens; i++) scores[j + i] += bias;

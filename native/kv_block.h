@@ -115,6 +115,10 @@ struct Segment {
   std::shared_ptr<const KVBlock> block;
   float alpha = 1.f;
   bool logit_scaling = false;
+  // Where the block sits, relative to where it was computed: from start_pos + shift. The CPU
+  // attention turns each query back by shift instead of rotating a copy of every key, since for a
+  // rotary embedding q·R(Δ)k = (R(−Δ)q)·k; the GPU gets a remapped copy.
+  int shift = 0;
 };
 
 }  // namespace dki

@@ -55,6 +55,27 @@ describe("identities", () => {
     expect(maxRowDiff(negative, await model.logits(prompt, { segments: [{ kv: atNeg }] }))).toBeLessThan(1e-4);
   });
 
+  test("blocks computed elsewhere are injected by turning the queries back, not by copying the keys: the same logits as remapped copies (≤ 1e-4)", async () => {
+    // Three blocks, none computed where it is injected ([-M, -1] in order), with both scalings.
+    const blocks = [await model.computeBlock(pref, { startPos: 40 }), await model.computeBlock(memory), await model.computeBlock(memory.slice(3, 9), { startPos: -500 })];
+    const alphas = [0.8, 1, 0.5];
+    const scalings = ["value", "logit", "value"] as const;
+    const segments = (kvs: KVBlock[]) => kvs.map((kv, i) => ({ kv, alpha: alphas[i], scaling: scalings[i] }));
+    const shifted = await model.logits(prompt, { segments: segments(blocks) });
+    const total = blocks.reduce((n, b) => n + b.nTokens, 0);
+    let at = -total;
+    const remapped: KVBlock[] = [];
+    for (const b of blocks) {
+      remapped.push(await b.remap(at));
+      at += b.nTokens;
+    }
+    expect(remapped.map((b) => b.startPos)).toEqual([-total, -total + pref.length, -total + pref.length + memory.length]);
+    expect(maxRowDiff(shifted, await model.logits(prompt, { segments: segments(remapped) }))).toBeLessThan(1e-4);
+    // The same through the reference, whose segments carry the remapped keys.
+    const want = refForward(ref, prompt, { startPos: 0, segments: remapped.map((b, i) => refSegment(b, alphas[i]!, scalings[i]!)) }).logits;
+    expect(maxRowDiff(shifted, want)).toBeLessThan(1e-4);
+  });
+
   test("segments do not use the prompt's context window", async () => {
     const long = Array.from({ length: 60 }, (_, i) => 100 + i);
     const kv = await model.computeBlock(long);

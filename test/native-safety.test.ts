@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { nativeConfig } from "../src/engine/model.js";
-import { native, type NativeContextHandle, type NativeModelHandle } from "../src/engine/native.js";
+import { native, type NativeContextHandle, type NativeModelHandle, type NativeSegment } from "../src/engine/native.js";
 import { HEADS_TIMES_HEAD_DIM_LIMIT, SHAPE_LIMITS } from "../src/formats/hf-config.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { KVBlock } from "../src/kv/kv-block.js";
@@ -179,6 +179,14 @@ describe("arguments", () => {
       expect(() => ctx.reserveSegments(16781312)).toThrow(/segments hold 16781312 tokens together; at most 16777216 can be injected/);
       expect(() => ctx.reserveSegments(-1)).toThrow(/tokens must be an integer from 0 to 2147483647/);
       ctx.reserveSegments(16777216); // the limit itself: nothing to allocate on the CPU
+      // A shift must be an integer, and the block's shifted start within the position limit.
+      const one = (shift: unknown) => [{ block, alpha: 1, logit: false, shift } as unknown as NativeSegment];
+      expect(() => ctx.setSegments(one(0.5))).toThrow(/segment\.shift must be an integer from -1073741824 to 1073741824/);
+      expect(() => ctx.setSegments(one("3"))).toThrow(/segment\.shift must be an integer/);
+      expect(() => ctx.setSegments(one(2 ** 30 + 1))).toThrow(/segment\.shift must be an integer/);
+      expect(() => ctx.setSegments(one(2 ** 29 + 1))).toThrow(/a segment shifted to position 536870913 is outside ±536870912/);
+      ctx.setSegments(one(-(2 ** 29)));
+      ctx.setSegments([]);
       block.dispose();
     } finally {
       ctx.dispose();

@@ -9,7 +9,7 @@ import { Tokenizer } from "../tokenizer/tokenizer.js";
 import type { ChatMessage } from "../tokenizer/chat-template.js";
 import { eitherSignal } from "../util/either-signal.js";
 import { Semaphore } from "../util/semaphore.js";
-import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeTensorSpec } from "./native.js";
+import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeSegment, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
 import { KVBlock } from "../kv/kv-block.js";
 
@@ -269,7 +269,7 @@ export class Model {
 
   /**
    * Installs the segments that pass the α threshold into ctx at the positions the strategy
-   * asks for; returns the blocks it made (remapped copies) so the caller can free them.
+   * asks for; returns the blocks it made (remapped copies, on a GPU) so the caller can free them.
    */
   private async injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): Promise<{ made: KVBlock[]; segmentTokens: number }> {
     const threshold = inj.alphaThreshold ?? 0.1;
@@ -293,14 +293,18 @@ export class Model {
     ctx.reserveSegments(total);
     let at = positions === "negative" ? -total : 0;
     const made: KVBlock[] = [];
-    const placed = [];
+    const placed: NativeSegment[] = [];
     for (const s of kept) {
       let kv = s.kv;
-      if (kv.startPos !== at) {
+      let shift = at - kv.startPos;
+      // The CPU turns its queries back by the shift, with no copy (see Segment in kv_block.h);
+      // the GPU kernels read keys where they sit, so they get a copy remapped off this thread.
+      if (shift !== 0 && this.info.device === "cuda") {
         kv = await kv.remap(at);
         made.push(kv);
+        shift = 0;
       }
-      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit" });
+      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit", shift });
       at += s.kv.nTokens;
     }
     ctx.reset(positions === "negative" ? 0 : total);

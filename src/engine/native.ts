@@ -69,6 +69,8 @@ export interface NativeSegment {
   block: NativeKVBlockHandle;
   alpha: number;
   logit: boolean;
+  /** The block sits at its startPos + shift (default 0), with no remapped copy made on the CPU. */
+  shift?: number;
 }
 
 /** Which logits eval returns: none, the last row, or every row. */
