@@ -91,6 +91,7 @@ describe("generation", () => {
     expect(entropy(Float32Array.from([1e30, 0]))).toBe(0); // no overflow: logits are taken relative to the max
     expect(entropy(Float32Array.from([1, Number.NaN, 2]))).toBeNaN();
     expect(entropy(Float32Array.from([1, Infinity]))).toBeNaN();
+    expect(entropy(Float32Array.from([-Infinity, -Infinity]))).toBeNaN();
   });
 
   test("greedy picks the first largest logit, never a NaN, at any vocabulary length (the vector passes and their tails)", () => {

@@ -270,6 +270,11 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
     if (major < 9)
       throw Error("DKI_CUDA_PDL=1 needs a GPU of compute capability 9.0 or newer; cuda:" + std::to_string(s.w->device) + " is " +
                   std::to_string(major) + "." + std::to_string(minor));
+    // The kernels' waits exist only in code compiled for sm_90+; launched with the attribute,
+    // code JIT-compiled from older PTX would read the kernel before's output unsynchronised.
+    if (gemv_code_arch() < 90)
+      throw Error("DKI_CUDA_PDL=1 needs the addon built for sm_90 or newer (CUDA_ARCH / CMAKE_CUDA_ARCHITECTURES); its GEMV code here is for sm_" +
+                  std::to_string(gemv_code_arch()));
   }
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
@@ -364,9 +369,11 @@ bool CudaForward::Impl::fit_segments(size_t S) {
   const size_t f = sizeof(float), kv_bytes = size_t(cfg.n_layers) * cfg.n_kv_heads * S * cfg.head_dim * f;
   if (seg_k.bytes() >= kv_bytes && seg_v.bytes() >= kv_bytes && seg_bias.bytes() >= S * f && seg_vscale.bytes() >= S * f) return false;
   // New buffers hold nothing yet, and an allocation that throws leaves its buffer empty: the
-  // segments are uploaded again, whatever was uploaded before. All four are replaced together
-  // (the graph key names seg_k and seg_bias for the four).
+  // segments are uploaded again, whatever was uploaded before, and by the next chunk even when
+  // this is a reservation between two chunks with the same segments set. All four are replaced
+  // together (the graph key names seg_k and seg_bias for the four).
   uploaded.clear();
+  segments_changed = true;
   seg_k.allocate(kv_bytes, "injected segment keys");
   seg_v.allocate(kv_bytes, "injected segment values");
   seg_bias.allocate(S * f, "segment score biases");

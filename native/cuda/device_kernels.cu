@@ -848,6 +848,12 @@ void with_gemv_params(int T, int loads, const char* what, F f) {
   throw Error(std::string(what) + ": " + std::to_string(T) + " tokens (1 to " + std::to_string(kGemvMaxTokens) + ")");
 }
 
+int gemv_code_arch() {
+  cudaFuncAttributes attr{};
+  DKI_CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_kernel<1, 4>));
+  return attr.ptxVersion;  // the virtual architecture the code came from (binaryVersion is the device's after a JIT)
+}
+
 // Launches a GEMV kernel, as a programmatic dependent of the kernel before it when b.pdl.
 void launch_gemv_kernel(void (*kernel)(GemvBatch), unsigned grid, const GemvBatch& b, cudaStream_t s) {
   cudaLaunchAttribute attr{};

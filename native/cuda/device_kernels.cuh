@@ -80,6 +80,9 @@ struct GemvBatch {
   bool pdl = false;
 };
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
+// The architecture (e.g. 90) the GEMV kernels running on the current device were compiled for:
+// below 90 their programmatic-launch waits are compiled out.
+int gemv_code_arch();
 // part[0].y[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]) for part[0] = the gate and
 // part[1] = the up projection (its y unused): the MLP's hidden layer in one pass.
 void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s);
@@ -109,7 +112,7 @@ struct AttentionArgs {
   int splits = 1;
   float* partial = nullptr;
   // Prefill (splits 1) through the register-tiled kernel (head sizes up to 128, multiples of 4,
-  // within the device's shared memory per block; others take the flash-tiled one). The default;
+  // within the device's shared memory per block; others take the warp kernel). The default;
   // a context made with DKI_CUDA_ATTENTION=warp leaves it off.
   bool tiled = false;
 };
