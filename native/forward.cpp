@@ -149,7 +149,6 @@ void Context::set_segments(std::vector<Segment> segments) {
       throw Error("a segment shifted to position " + std::to_string(start) + " is outside ±" + std::to_string(kMaxPosition));
     if (!cuda_) host_kv(b, "setSegments");  // the CPU backend reads blocks from host memory
   }
-  const int half = c.head_dim / 2;
   std::vector<std::vector<float>> turns(segments.size());
   for (size_t i = 0; i < segments.size(); i++) {
     Segment& s = segments[i];
@@ -159,12 +158,7 @@ void Context::set_segments(std::vector<Segment> segments) {
       s.shift = 0;
       continue;
     }
-    turns[i].resize(2 * half);
-    for (int k = 0; k < half; k++) {
-      const double angle = -double(s.shift) * model_->inv_freq()[k];
-      turns[i][k] = float(std::cos(angle));
-      turns[i][half + k] = float(std::sin(angle));
-    }
+    turns[i] = rotation_by(-int64_t(s.shift), model_->inv_freq());
   }
 #ifdef DKI_CUDA
   if (cuda_) cuda_->set_segments(segments);

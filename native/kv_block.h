@@ -1,5 +1,6 @@
 // A K/V block: every layer's keys and values for a run of tokens, the unit of DKI memory.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -107,6 +108,19 @@ inline void rotate_pairs(float* v, int hd, const float* c, const float* s, bool 
     v[a] = x * c[i] - y * s[i];
     v[a + stride] = y * c[i] + x * s[i];
   }
+}
+
+// The angles of a rotation by `delta` positions, as rotate_pairs takes them: cos of each
+// delta·inv_freq[i] ([head_dim/2]), then their sines. Rotary angles grow linearly with the
+// position, so moving a key by delta (or a query back by it) is this one rotation.
+inline std::vector<float> rotation_by(int64_t delta, const std::vector<double>& inv_freq) {
+  const size_t half = inv_freq.size();
+  std::vector<float> cs(2 * half);
+  for (size_t i = 0; i < half; i++) {
+    cs[i] = float(std::cos(double(delta) * inv_freq[i]));
+    cs[half + i] = float(std::sin(double(delta) * inv_freq[i]));
+  }
+  return cs;
 }
 
 // A block injected into attention: scaling "value" multiplies its V by alpha (keys untouched);

@@ -38,14 +38,10 @@ std::shared_ptr<KVBlock> host_copy(const KVBlock& b, const char* op) {
 // Rotate every key of rows [0, n) of each (layer, head) by `delta` positions, in place.
 void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq, bool interleaved) {
   if (delta == 0) return;
-  const int hd = b.head_dim, half = hd / 2;
-  std::vector<float> c(half), s(half);
-  for (int i = 0; i < half; i++) {
-    c[i] = float(std::cos(double(delta) * inv_freq[i]));
-    s[i] = float(std::sin(double(delta) * inv_freq[i]));
-  }
+  const int hd = b.head_dim;
+  const std::vector<float> cs = rotation_by(delta, inv_freq);
   const size_t rows = size_t(b.n_layers) * b.n_kv_heads * b.n_tokens;
-  for (size_t r = 0; r < rows; r++) rotate_pairs(b.k.data() + r * hd, hd, c.data(), s.data(), interleaved);
+  for (size_t r = 0; r < rows; r++) rotate_pairs(b.k.data() + r * hd, hd, cs.data(), cs.data() + hd / 2, interleaved);
 }
 
 // Copies tokens [from, from+n) of src into tokens [at, at+n) of dst, every layer and head.

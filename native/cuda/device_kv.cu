@@ -77,11 +77,7 @@ void copy_tokens(const KVBlock& src, int from, int n, KVBlock& dst, int at, cuda
 void rotate_keys(KVBlock& b, int delta, const std::vector<double>& inv_freq, bool interleaved, cudaStream_t s) {
   if (delta == 0) return;
   const int half = b.head_dim / 2;
-  std::vector<float> cs(2 * half);
-  for (int i = 0; i < half; i++) {
-    cs[i] = float(std::cos(double(delta) * inv_freq[i]));
-    cs[half + i] = float(std::sin(double(delta) * inv_freq[i]));
-  }
+  const std::vector<float> cs = rotation_by(delta, inv_freq);
   // From the pool: cudaMalloc/cudaFree would wait for every context's work on the GPU.
   DeviceBuffer angles;
   angles.allocate_pooled(cs.size() * sizeof(float), "rotary angles", device_block_pool(b.device->device));
