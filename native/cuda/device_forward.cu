@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <tuple>
 
@@ -26,6 +27,16 @@ namespace dki {
 
 namespace {
 uint64_t bytes_of(const DeviceMatrix& m) { return dtype_bytes(m.dtype, uint64_t(m.rows) * m.cols); }
+
+// Environment variable `name` when it is one of `allowed`, null when unset; any other value is
+// an error naming the variable and what it takes (`expected`).
+const char* env_choice(const char* name, std::initializer_list<const char*> allowed, const char* expected) {
+  const char* v = std::getenv(name);
+  if (!v) return nullptr;
+  for (const char* a : allowed)
+    if (std::strcmp(v, a) == 0) return v;
+  throw Error(std::string(name) + " must be " + expected + ", not \"" + v + "\"");
+}
 }  // namespace
 
 struct CudaForward::Impl {
@@ -251,17 +262,11 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
   const char* graphs = std::getenv("DKI_CUDA_GRAPHS");
   s.use_graphs = !(graphs && std::strcmp(graphs, "0") == 0);
-  const char* attention = std::getenv("DKI_CUDA_ATTENTION");
-  if (attention && std::strcmp(attention, "warp") != 0 && std::strcmp(attention, "tiled") != 0)
-    throw Error(std::string("DKI_CUDA_ATTENTION must be \"warp\" or \"tiled\", not \"") + attention + "\"");
+  const char* attention = env_choice("DKI_CUDA_ATTENTION", {"warp", "tiled"}, "\"warp\" or \"tiled\"");
   s.tiled_attention = !(attention && std::strcmp(attention, "warp") == 0);
-  const char* loads = std::getenv("DKI_CUDA_GEMV_LOADS");
-  if (loads && std::strcmp(loads, "4") != 0 && std::strcmp(loads, "8") != 0)
-    throw Error(std::string("DKI_CUDA_GEMV_LOADS must be 4 or 8, not \"") + loads + "\"");
+  const char* loads = env_choice("DKI_CUDA_GEMV_LOADS", {"4", "8"}, "4 or 8");
   s.gemv_loads = loads && std::strcmp(loads, "8") == 0 ? 8 : 4;
-  const char* pdl = std::getenv("DKI_CUDA_PDL");
-  if (pdl && std::strcmp(pdl, "0") != 0 && std::strcmp(pdl, "1") != 0)
-    throw Error(std::string("DKI_CUDA_PDL must be 0 or 1, not \"") + pdl + "\"");
+  const char* pdl = env_choice("DKI_CUDA_PDL", {"0", "1"}, "0 or 1");
   s.pdl = pdl && std::strcmp(pdl, "1") == 0;
   if (s.pdl) {
     int major = 0, minor = 0;
@@ -272,9 +277,9 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
                   std::to_string(major) + "." + std::to_string(minor));
     // The kernels' waits exist only in code compiled for sm_90+; launched with the attribute,
     // code JIT-compiled from older PTX would read the kernel before's output unsynchronised.
-    if (gemv_code_arch() < 90)
+    if (const int arch = gemv_code_arch(); arch < 90)
       throw Error("DKI_CUDA_PDL=1 needs the addon built for sm_90 or newer (CUDA_ARCH / CMAKE_CUDA_ARCHITECTURES); its GEMV code here is for sm_" +
-                  std::to_string(gemv_code_arch()));
+                  std::to_string(arch));
   }
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
