@@ -75,11 +75,19 @@ function save() {
     });
 }
 
+/** A context of `model` made with environment variable `name` set to `value` (the engine reads its settings when a context is made). */
+function contextWith(model, name, value, size) {
+  process.env[name] = value;
+  try {
+    return model.createContext(size);
+  } finally {
+    delete process.env[name];
+  }
+}
+
 /** The stage profile of DECODE one-token steps of `model` (null where there is none: the CPU). */
 async function decodeStages(model, preset, decode, plainStepUs) {
-  process.env.DKI_CUDA_PROFILE = "1";
-  const profiled = model.createContext(DECODE + 32);
-  delete process.env.DKI_CUDA_PROFILE;
+  const profiled = contextWith(model, "DKI_CUDA_PROFILE", "1", DECODE + 32);
   try {
     await decode(profiled)();
     const p = profiled.cudaProfile();
@@ -108,9 +116,7 @@ for (const preset of presets) {
   const ctx = model.createContext(PREFILL[1] + DECODE + 16);
   // The same prefills with the attention kernel that was the default before the register-tiled
   // one (DKI_CUDA_ATTENTION=warp, read when a context is made).
-  process.env.DKI_CUDA_ATTENTION = "warp";
-  const warp = model.createContext(PREFILL[1] + 16);
-  delete process.env.DKI_CUDA_ATTENTION;
+  const warp = contextWith(model, "DKI_CUDA_ATTENTION", "warp", PREFILL[1] + 16);
   const bench = new Bench({ iterations: 5, warmupIterations: 1, time: 0, warmupTime: 0 });
   for (const [on, suffix] of [[ctx, ""], [warp, " warp"]])
     for (const n of PREFILL) {
@@ -134,21 +140,16 @@ for (const preset of presets) {
     await model.generate({ tokens: Array.from(start) }, { maxNewTokens: DECODE, stopOnEos: false });
   });
   // The same steps with every kernel launched from the host: what the CUDA graphs save.
-  process.env.DKI_CUDA_GRAPHS = "0";
-  const eager = model.createContext(PREFILL[1] + DECODE + 16);
-  delete process.env.DKI_CUDA_GRAPHS;
+  const eager = contextWith(model, "DKI_CUDA_GRAPHS", "0", PREFILL[1] + DECODE + 16);
   bench.add(`decode ${DECODE} no graphs`, decode(eager));
   // Opt-in decode variants, read when a context is made: the GEMVs with 8 loads in flight a lane
   // instead of 4, and launched as programmatic dependents (sm_90 and newer only).
   const variant = (name, value) => {
-    process.env[name] = value;
     try {
-      return model.createContext(PREFILL[1] + DECODE + 16);
+      return contextWith(model, name, value, PREFILL[1] + DECODE + 16);
     } catch (e) {
       notes.push(`${name}=${value}: ${e.message}`);
       return null;
-    } finally {
-      delete process.env[name];
     }
   };
   const wide = variant("DKI_CUDA_GEMV_LOADS", "8");
