@@ -142,21 +142,6 @@ for (const preset of presets) {
   // The same steps with every kernel launched from the host: what the CUDA graphs save.
   const eager = contextWith(model, "DKI_CUDA_GRAPHS", "0", PREFILL[1] + DECODE + 16);
   bench.add(`decode ${DECODE} no graphs`, decode(eager));
-  // Opt-in decode variants, read when a context is made: the GEMVs with 8 loads in flight a lane
-  // instead of 4, and launched as programmatic dependents (sm_90 and newer only).
-  const variant = (name, value) => {
-    try {
-      return contextWith(model, name, value, PREFILL[1] + DECODE + 16);
-    } catch (e) {
-      notes.push(`${name}=${value}: ${e.message}`);
-      return null;
-    }
-  };
-  const wide = variant("DKI_CUDA_GEMV_LOADS", "8");
-  const pdl = variant("DKI_CUDA_PDL", "1");
-  if (wide) bench.add(`decode ${DECODE} 8 loads`, decode(wide));
-  if (pdl) bench.add(`decode ${DECODE} PDL`, decode(pdl));
-
   // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
   const memory = tokens(MEMORY, 4);
   const prompt = tokens(PROMPT, 5);
@@ -190,8 +175,6 @@ for (const preset of presets) {
     "decode tok/s": decodeTokS,
     "decode tok/s no graphs": (DECODE * 1000) / ms[`decode ${DECODE} no graphs`],
     "generate() tok/s": (DECODE * 1000) / ms[`generate ${DECODE}`],
-    "decode tok/s 8 GEMV loads": wide ? (DECODE * 1000) / ms[`decode ${DECODE} 8 loads`] : null,
-    "decode tok/s PDL": pdl ? (DECODE * 1000) / ms[`decode ${DECODE} PDL`] : null,
     "HBM bound tok/s": boundTokS,
     "of bound": boundTokS ? `${((100 * decodeTokS) / boundTokS).toFixed(0)}%` : "n/a",
     "TTFT injected ms": ms["ttft injected"],
@@ -201,8 +184,6 @@ for (const preset of presets) {
   ctx.dispose();
   warp.dispose();
   eager.dispose();
-  wide?.dispose();
-  pdl?.dispose();
   kv.dispose();
   kvDevice?.dispose();
   model.dispose();

@@ -11,6 +11,7 @@ import { TieredKVCache } from "../src/cache/index.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { f16BitsToF32, f32ToF16Bits } from "../src/models/half.js";
+import { convertHfToGguf } from "../src/models/convert.js";
 import { makeTinyModel, type TinyArch, type TinyDType } from "../src/models/make-tiny.js";
 import { fixtures, maxAbsDiff, repoRoot, tempDir } from "./support/paths.js";
 
@@ -21,10 +22,13 @@ const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(
 const prompt = Array.from({ length: 40 }, (_, i) => (i * 977 + 13) % 49152);
 const longPrompt = Array.from({ length: 1100 }, (_, i) => (i * 7919 + 5) % 49152);
 const memory = [3, 1200, 77, 4501, 9, 18000, 256, 31, 40000, 12, 600, 7];
+// Rows long enough for every GEMV layout: 2048 columns (q/k/v, gate/up: two warps a row, all 8
+// loads of a lane with DKI_CUDA_GEMV_LOADS=8) and 8192 (the down projection: eight warps a row).
+const wideShape = { numHeads: 32, numKvHeads: 8, hiddenSize: 2048, intermediateSize: 8192 };
 
-/** Logits of the prompt, then of 8 single-token steps (the GEMV path), on one context. The steps
- * feed fixed tokens rather than each model's own choice, so two models never drift apart by
- * taking different paths: only their arithmetic differs. */
+/** Logits of the prompt, then of 8 single-token steps and a 3-token one (the GEMV path), on one
+ * context. The steps feed fixed tokens rather than each model's own choice, so two models never
+ * drift apart by taking different paths: only their arithmetic differs. */
 async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array[]> {
   const ctx = m.createContext(512);
   try {
@@ -32,6 +36,8 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
     const V = m.config.vocabSize;
     const rows = Array.from({ length: tokens.length }, (_, i) => all.subarray(i * V, (i + 1) * V));
     for (let s = 0; s < 8; s++) rows.push((await ctx.eval(Int32Array.of((s * 4099 + 17) % V), LogitsMode.Last))!);
+    const three = (await ctx.eval(Int32Array.of(5, 900, 31000), LogitsMode.All))!;
+    for (let i = 0; i < 3; i++) rows.push(three.subarray(i * V, (i + 1) * V));
     return rows;
   } finally {
     ctx.dispose();
@@ -41,14 +47,10 @@ async function promptAndDecode(m: Model, tokens: number[]): Promise<Float32Array
 describe.skipIf(!gpu)("CUDA backend", () => {
   // The kernel choices read when a context is made, set for the whole describe: prefill attention
   // through the default register-tiled kernel at head sizes 16, 64 and 128 (its one and two groups
-  // of output dimensions per thread) or the warp kernel (DKI_CUDA_ATTENTION=warp); decode GEMVs of
-  // half-precision weights with 8 loads in flight a lane (DKI_CUDA_GEMV_LOADS=8) or launched as
-  // programmatic dependents (DKI_CUDA_PDL=1, Hopper and newer: a missing wait would read the
-  // kernel before's output early). Those rows are "wide": 2048-column rows, so that every one of
-  // the 8 loads of a lane reads weights, and kernels long enough to overlap.
-  const choices = ["DKI_CUDA_ATTENTION", "DKI_CUDA_GEMV_LOADS", "DKI_CUDA_PDL"];
-  const hopper = Number(/compute (\d+)\./.exec(native().cuda().names[0] ?? "")?.[1] ?? 0) >= 9;
-  const wideShape = { numHeads: 32, numKvHeads: 8, hiddenSize: 2048, intermediateSize: 2048 };
+  // of output dimensions per thread) or the warp kernel (DKI_CUDA_ATTENTION=warp). The "wide" rows
+  // (wideShape) give the decode GEMVs rows of 2048 and 8192 columns: several rounds of loads a
+  // row, and every lane's loads used.
+  const choices = ["DKI_CUDA_ATTENTION"];
   describe.each(([
     ["llama", "f32", 1e-3, 16, "DKI_CUDA_ATTENTION=warp"],
     ["qwen2", "f32", 1e-3, 16, "DKI_CUDA_ATTENTION=warp"],
@@ -58,11 +60,13 @@ describe.skipIf(!gpu)("CUDA backend", () => {
     ["qwen2", "f32", 1e-3, 64, "defaults"],
     ["llama", "f32", 1e-3, 128, "defaults"],
     ["llama", "bf16", 2e-2, 64, "defaults"],
-    ["llama", "bf16", 2e-2, 64, "DKI_CUDA_GEMV_LOADS=8", "wide"],
-    ["qwen2", "f16", 2e-2, 64, "DKI_CUDA_GEMV_LOADS=8", "wide"],
-    ["llama", "bf16", 2e-2, 64, "DKI_CUDA_PDL=1", "wide"],
-    ["qwen2", "f16", 2e-2, 64, "DKI_CUDA_PDL=1 DKI_CUDA_GEMV_LOADS=8", "wide"],
-  ] as [TinyArch, TinyDType, number, number, string, ("wide" | "")?][]).filter(([, , , , env]) => hopper || !env.includes("DKI_CUDA_PDL")))("%s %s, head size %i, %s, against the CPU", (arch, dtype, tol, headDim, env, shape = "") => {
+    ["llama", "bf16", 2e-2, 64, "defaults", "wide"],
+    ["qwen2", "f16", 2e-2, 64, "defaults", "wide"],
+    ["llama", "bf16", 2e-2, 128, "defaults", "wide"],
+    ["llama", "f32", 1e-3, 128, "defaults", "wide"],
+    ["qwen2", "bf16", 2e-2, 64, "defaults", "wide"],
+    ["llama", "f16", 2e-2, 64, "defaults", "wide"],
+  ] as [TinyArch, TinyDType, number, number, string, ("wide" | "")?][]))("%s %s, head size %i, %s, against the CPU", (arch, dtype, tol, headDim, env, shape = "") => {
     let cpu: Model, cuda: Model;
     beforeAll(async () => {
       for (const setting of env.split(" ").filter((s) => s.includes("="))) {
@@ -217,9 +221,12 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       }
     });
 
-    test("Q8_0 weights (quantised at load): the GPU departs from the CPU's Q8_0 run by less than Q8_0 departs from F32", async () => {
+    test.each([
+      ["tiny", {}],
+      ["wide", wideShape],
+    ])("Q8_0 weights (quantised at load), %s rows: the GPU departs from the CPU's Q8_0 run by less than Q8_0 departs from F32", async (_, overrides) => {
       const dir = tempDir();
-      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 9, gains: { qk: 1, residual: 1, logit: 1 } });
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 9, gains: { qk: 1, residual: 1, logit: 1 }, overrides });
       const f32 = await Model.load(dir, { contextSize: 128 });
       const cpu = await Model.load(dir, { quantize: "q8_0", contextSize: 128 });
       const cuda = await Model.load(dir, { quantize: "q8_0", contextSize: 128, device: "cuda" });
@@ -232,6 +239,16 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(quantError).toBeGreaterThan(1e-3);
       expect(maxRowDiff(await promptAndDecode(cuda, prompt), onCpu)).toBeLessThan(quantError);
       for (const m of [f32, cpu, cuda]) m.dispose();
+    });
+
+    test("a GGUF model (llama.cpp's interleaved q/k rows, with q/k/v biases) on the GPU matches the CPU, decode GEMVs included", async () => {
+      const dir = tempDir(), file = join(dir, "f16.gguf");
+      await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: join(dir, "hf"), seed: 4, overrides: { ...wideShape, attentionBias: true } });
+      await convertHfToGguf({ dir: join(dir, "hf"), out: file, type: "f16" });
+      const cpu = await Model.load(file, { contextSize: 128 });
+      const cuda = await Model.load(file, { contextSize: 128, device: "cuda" });
+      expect(maxRowDiff(await promptAndDecode(cpu, prompt), await promptAndDecode(cuda, prompt))).toBeLessThan(2e-2);
+      for (const m of [cpu, cuda]) m.dispose();
     });
   });
 
@@ -312,14 +329,14 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         const p = ctx.cudaProfile()!;
         expect(p.steps).toBe(6);
         expect(p.stages.map((s) => s.stage)).toEqual([
-          "embedding", "norm + q/k/v", "rotary + cache store", "attention", "output projection", "norm + gate/up + SiLU", "down projection", "norm + LM head",
+          "embedding", "norm + q/k/v + rotary", "attention", "output projection", "norm + gate/up + SiLU", "down projection", "norm + LM head",
         ]);
         for (const s of p.stages) expect(s.ms, s.stage).toBeGreaterThan(0);
         // f32 weights: 4 bytes each, every layer's matrices once per step.
         const { config: c } = m;
         const hd = c.headDim, layers = c.numLayers, D = c.hiddenSize, F = c.intermediateSize;
         const bytes = Object.fromEntries(p.stages.map((s) => [s.stage, s.bytes]));
-        expect(bytes["norm + q/k/v"]).toBe(4 * layers * D * (c.numHeads + 2 * c.numKvHeads) * hd);
+        expect(bytes["norm + q/k/v + rotary"]).toBe(4 * layers * D * (c.numHeads + 2 * c.numKvHeads) * hd);
         expect(bytes["norm + gate/up + SiLU"]).toBe(4 * layers * 2 * F * D);
         expect(bytes["down projection"]).toBe(4 * layers * F * D);
         expect(bytes["norm + LM head"]).toBe(4 * c.vocabSize * D);
@@ -334,8 +351,6 @@ describe.skipIf(!gpu)("CUDA backend", () => {
 
     test.each([
       ["DKI_CUDA_ATTENTION", "flash", /DKI_CUDA_ATTENTION must be "warp" or "tiled", not "flash"/],
-      ["DKI_CUDA_GEMV_LOADS", "16", /DKI_CUDA_GEMV_LOADS must be 4 or 8, not "16"/],
-      ["DKI_CUDA_PDL", "yes", /DKI_CUDA_PDL must be 0 or 1, not "yes"/],
     ])("a bad %s is an error naming it when a context is made", (name, value, message) => {
       process.env[name] = value;
       try {

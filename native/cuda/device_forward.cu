@@ -2,9 +2,10 @@
 // buffers. Projections of a few tokens (decode) are GEMV kernels that stream each weight once,
 // with q/k/v in one launch, the RMSNorms folded into the projections that read them, the MLP's
 // gate in its projections and the residual adds in the output projections; longer chunks
-// (prefill) are cuBLAS GEMMs with fp32 accumulation. A decode step is still 7 launches per layer,
-// so it is captured once as a CUDA graph and replayed: the step's inputs (n_past, token ids,
-// rotary angles) live in device memory that one copy refreshes per step.
+// (prefill) are cuBLAS GEMMs with fp32 accumulation. In decode the q/k/v GEMV also rotates q and
+// k and stores k and v in the cache, and the split attention merges its own splits: still 5
+// launches a layer, so a step is captured once as a CUDA graph and replayed, with its inputs
+// (n_past, token ids, rotary angles) in device memory that one copy refreshes per step.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -55,6 +56,7 @@ struct CudaForward::Impl {
   // Scratch for one chunk of up to kMaxCudaChunk tokens (fewer if the context is shorter).
   DeviceBuffer x, xn, q, k, v, attn, gate, up, logits, probe;
   DeviceBuffer attn_partial;  // split-K attention state of decode steps
+  DeviceBuffer attn_done;     // and the count of each row's splits that have finished (int, zeroed)
   DeviceBuffer x_half;   // a GEMM's input in the weight's half type
   DeviceBuffer scalars;  // GemmScalars: alpha and beta of every GEMM
   DeviceBuffer w_f16;    // a Q8_0 weight dequantised for a GEMM
@@ -77,17 +79,6 @@ struct CudaForward::Impl {
   // turns graphs off for the context.
   bool use_graphs = true;
   int failed_captures = 0;
-  // DKI_CUDA_GEMV_LOADS at creation (4 or 8, default 4): the decode GEMVs' loads in flight a lane.
-  int gemv_loads = 4;
-  // DKI_CUDA_PDL=1 at creation (sm_90+): decode GEMVs launched as programmatic dependents. Not
-  // in profiled steps, whose event nodes sit between the kernels.
-  bool pdl = false;
-  GemvBatch gemv_batch() const {
-    GemvBatch b;
-    b.loads = gemv_loads;
-    b.pdl = pdl && !prof.marking;
-    return b;
-  }
   // Prefill attention through the register-tiled kernel (the default: 2.5-6x the warp kernel on
   // an H200); DKI_CUDA_ATTENTION=warp at creation keeps the kernel that sums a dot per warp.
   bool tiled_attention = true;
@@ -156,7 +147,7 @@ struct CudaForward::Impl {
   // y[T, W.rows] = x[T, W.cols] · Wᵀ, or y += that (the residual stream) when accumulating.
   void linear(const DeviceMatrix& W, const float* x_dev, int T, float* y, bool accumulate = false) {
     if (T <= kGemvMaxTokens) {
-      GemvBatch b = gemv_batch();
+      GemvBatch b;
       b.part[0] = {W, nullptr, y};
       b.n_parts = 1, b.cols = W.cols, b.x = x_dev, b.accumulate = accumulate;
       return launch_gemv(b, T, stream);
@@ -164,7 +155,7 @@ struct CudaForward::Impl {
     if (W.dtype == DType::F32) return gemm(W.data, CUDA_R_32F, W, x_dev, T, y, &scalars.get<GemmScalars>()->one, accumulate);
     // cuBLAS multiplies equal input types. Rounding the activations once to BF16 would cost
     // ~0.5 in the logits of the test models; as hi + lo they keep ~16 bits, for twice the GEMM
-    // work (prefill is far from compute-bound on the test shapes; see bench/results/gpu-cuda.md).
+    // work (prefill is far from compute-bound on the test shapes; see bench/results/gpu-cuda*.md).
     // Q8_0 weights are dequantised to F16 first.
     const DType half = W.dtype == DType::BF16 ? DType::BF16 : DType::F16;
     const void* A = W.data;
@@ -191,16 +182,20 @@ struct CudaForward::Impl {
                                   CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // q, k, v = Wq·xn (+ bias), Wk·xn, Wv·xn for xn = rmsnorm(x): in decode one GEMV launch that
-  // normalises as it reads x; in prefill the norm into xn, then three GEMMs.
-  void project_qkv(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* q, float* k, float* v) {
+  // r.q = rope(Wq·xn (+ bias)), and rope(Wk·xn), Wv·xn into r's cache, for xn = rmsnorm(x): in
+  // decode one GEMV launch that normalises as it reads x and rotates and stores as it writes; in
+  // prefill the norm into xn, three GEMMs into r.q, r.k and r.v, then the rotation and the store.
+  void project_qkv(const CudaWeights::Layer& L, const float* x, float* xn, const RopeStoreArgs& r) {
+    const int T = r.T;
+    float *q = r.q, *k = r.k, *v = r.v;
     if (T <= kGemvMaxTokens) {
-      GemvBatch b = gemv_batch();
+      GemvBatch b;
       b.part[0] = {L.wq, L.bq, q};
       b.part[1] = {L.wk, L.bk, k};
       b.part[2] = {L.wv, L.bv, v};
       b.n_parts = 3, b.cols = L.wq.cols, b.x = x, b.norm = L.attn_norm, b.eps = cfg.rms_norm_eps;
-      return launch_gemv(b, T, stream);
+      b.rope = r;
+      return launch_gemv_qkv_rope(b, T, stream);
     }
     launch_rmsnorm(x, L.attn_norm, cfg.rms_norm_eps, T, cfg.hidden_size, xn, stream);
     linear(L.wq, xn, T, q);
@@ -211,13 +206,14 @@ struct CudaForward::Impl {
       launch_add_bias(k, L.bk, T, L.wk.rows, stream);
       launch_add_bias(v, L.bv, T, L.wv.rows, stream);
     }
+    launch_rope_store(r, stream);
   }
 
   // gate = silu(W_gate·xn) ⊙ (W_up·xn) for xn = rmsnorm(x): one GEMV launch in decode; the
   // norm, two GEMMs and the gate in prefill.
   void mlp_hidden(const CudaWeights::Layer& L, const float* x, float* xn, int T, float* gate, float* up) {
     if (T <= kGemvMaxTokens) {
-      GemvBatch b = gemv_batch();
+      GemvBatch b;
       b.part[0] = {L.w_gate, nullptr, gate};
       b.part[1] = {L.w_up, nullptr, up};
       b.n_parts = 2, b.cols = L.w_gate.cols, b.x = x, b.norm = L.ffn_norm, b.eps = cfg.rms_norm_eps;
@@ -260,32 +256,17 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   s.step.allocate(step.bytes, "a chunk's inputs");
   s.step_host.allocate(step.bytes, "a chunk's inputs");
   s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
+  s.attn_done.allocate(size_t(kGemvMaxTokens) * c.n_heads * sizeof(int), "split attention counts");
+  DKI_CUDA_CHECK(cudaMemsetAsync(s.attn_done.get(), 0, s.attn_done.bytes(), s.stream));
   const char* graphs = std::getenv("DKI_CUDA_GRAPHS");
   s.use_graphs = !(graphs && std::strcmp(graphs, "0") == 0);
   const char* attention = env_choice("DKI_CUDA_ATTENTION", {"warp", "tiled"}, "\"warp\" or \"tiled\"");
   s.tiled_attention = !(attention && std::strcmp(attention, "warp") == 0);
-  const char* loads = env_choice("DKI_CUDA_GEMV_LOADS", {"4", "8"}, "4 or 8");
-  s.gemv_loads = loads && std::strcmp(loads, "8") == 0 ? 8 : 4;
-  const char* pdl = env_choice("DKI_CUDA_PDL", {"0", "1"}, "0 or 1");
-  s.pdl = pdl && std::strcmp(pdl, "1") == 0;
-  if (s.pdl) {
-    int major = 0, minor = 0;
-    DKI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.w->device));
-    DKI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.w->device));
-    if (major < 9)
-      throw Error("DKI_CUDA_PDL=1 needs a GPU of compute capability 9.0 or newer; cuda:" + std::to_string(s.w->device) + " is " +
-                  std::to_string(major) + "." + std::to_string(minor));
-    // The kernels' waits exist only in code compiled for sm_90+; launched with the attribute,
-    // code JIT-compiled from older PTX would read the kernel before's output unsynchronised.
-    if (const int arch = gemv_code_arch(); arch < 90)
-      throw Error("DKI_CUDA_PDL=1 needs the addon built for sm_90 or newer (CUDA_ARCH / CMAKE_CUDA_ARCHITECTURES); its GEMV code here is for sm_" +
-                  std::to_string(arch));
-  }
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
-  // Every event a step records (the opening one, the embedding, six stages a layer, the head),
+  // Every event a step records (the opening one, the embedding, five stages a layer, the head),
   // made now rather than while a graph is being captured.
-  const size_t step_events = s.prof.sums.on ? 3 + 6 * size_t(c.n_layers) : 0;
+  const size_t step_events = s.prof.sums.on ? 3 + 5 * size_t(c.n_layers) : 0;
   while (s.prof.events.size() < step_events) {
     cudaEvent_t e = nullptr;
     DKI_CUDA_CHECK(cudaEventCreate(&e));  // with timing
@@ -420,22 +401,20 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
   a.n_past = n_past;
   a.T = T, a.H = c.n_heads, a.Hkv = c.n_kv_heads, a.hd = hd;
   a.scale = 1.f / std::sqrt(float(hd));
-  if (T <= kGemvMaxTokens) a.splits = kDecodeSplits, a.partial = attn_partial.get<float>();
+  if (T <= kGemvMaxTokens) a.splits = kDecodeSplits, a.partial = attn_partial.get<float>(), a.done = attn_done.get<int>();
   a.tiled = tiled_attention;
 
   for (int l = 0; l < c.n_layers; l++) {
     const CudaWeights::Layer& L = W.layers[l];
     // Attention block: x += Wo · attention(rope(Wq·xn), rope(Wk·xn), Wv·xn)
-    project_qkv(L, x_, xn_, T, q_, k_, v_);
-    mark("norm + q/k/v", bytes_of(L.wq) + bytes_of(L.wk) + bytes_of(L.wv));
     RopeStoreArgs r;
     r.q = q_, r.k = k_, r.v = v_;
     a.k_cache = r.k_cache = cache_layer(k_cache, l);
     a.v_cache = r.v_cache = cache_layer(v_cache, l);
     r.cos = cos, r.sin = sin, r.n_past = n_past;
     r.T = T, r.H = c.n_heads, r.Hkv = c.n_kv_heads, r.hd = hd, r.max_tokens = max_tokens, r.interleaved = c.rope_interleaved;
-    launch_rope_store(r, st);
-    mark("rotary + cache store", 0);
+    project_qkv(L, x_, xn_, r);
+    mark("norm + q/k/v + rotary", bytes_of(L.wq) + bytes_of(L.wk) + bytes_of(L.wv));
     if (S_seg) {
       const size_t seg_layer = size_t(l) * c.n_kv_heads * S_seg * hd;
       a.seg_k = seg_k.get<float>() + seg_layer;

@@ -1,7 +1,7 @@
 // The CUDA forward pass's kernels. Plain and readable first: one thread per element for the
 // elementwise stages, one block per row for norms, one warp per weight row for GEMV (the decode
-// bottleneck, where the whole weight must stream from HBM once per token), and one block per
-// (query, head) for attention with the columns split over its warps (online softmax).
+// bottleneck, where the whole weight must stream from HBM once per token), and blocks per
+// (query, head) for attention with the columns split over their warps (online softmax).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,25 +34,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// --- Programmatic dependent launch (sm_90 and newer) ------------------------------------------
-//
-// A decode step is about 7 kernels a layer, each too short to hide its own ramp and tail. With
-// GemvBatch::pdl the GEMVs are launched as programmatic dependents: the GPU may start one while
-// the kernel before it is still finishing (the decode kernels allow that first thing), it
-// prefetches its weight rows into L2 meanwhile, and it waits for that kernel's completion and
-// results (griddepcontrol.wait, which covers every kernel before too) before it reads or writes
-// anything else. Both calls do nothing below sm_90 or in a kernel launched without the attribute.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float q8_element(const unsigned char* row, int i) {
   const unsigned char* block = row + (i / kQ8Block) * kQ8BlockBytes;
   const __half d = *reinterpret_cast<const __half*>(block);  // 2-byte aligned: blocks are 34 bytes
@@ -69,7 +50,6 @@ __device__ __forceinline__ float load_element(const void* p, DType t, size_t i) 
 }
 
 __global__ void embed_kernel(const void* E, DType dt, int D, const int32_t* tokens, int T, float* x) {
-  allow_dependents();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(T) * D) return;
   const int t = int(i / D), c = int(i % D);
@@ -79,7 +59,6 @@ __global__ void embed_kernel(const void* E, DType dt, int D, const int32_t* toke
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int D, float* out) {
-  allow_dependents();
   __shared__ float partial[kThreads / 32];
   const float* xr = x + size_t(blockIdx.x) * D;
   float ss = 0.f;
@@ -130,7 +109,6 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
 // Rotates the chunk's queries [T, H, hd] in place and its keys [T, Hkv, hd] into this layer's cache
 // at rows n_past + t, with the values beside them: one thread per rotary pair of a q or k head.
 __global__ void rope_store_kernel(RopeStoreArgs a) {
-  allow_dependents();
   const int half = a.hd / 2, heads = a.H + a.Hkv;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(a.T) * heads * half) return;
@@ -215,13 +193,25 @@ __global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out
   out[i] = __float2half_rn(__half2float(*reinterpret_cast<const __half*>(block)) * float(static_cast<signed char>(block[2 + i % kQ8Block])));
 }
 
-// --- GEMV: one warp per weight row, T ≤ kGemvMaxTokens tokens at once -------------------------
+// --- GEMV: T ≤ kGemvMaxTokens tokens at once ----------------------------------------------
 //
-// Decode is bound by streaming the weights from HBM once per token, so each lane keeps Loads
-// 16-byte loads in flight (one load at a time leaves most of the bandwidth unused), the loads
-// bypass L1 (each weight is read once), and the input rows, read by every warp, stay cached.
-// Loads is GemvBatch::loads: 4, or 8, which reads a 2048-column BF16 row in one round trip
-// instead of two for more registers a thread (fewer warps resident).
+// Decode is bound by streaming the weights from HBM once per token. Each output ("unit") needs
+// Mats weight rows: one for a plain projection; the gate and up rows of the MLP; the two rows of
+// a rotary pair of q, k or v. A warp takes one row, with kLoads 16-byte loads a lane in flight
+// (one load at a time leaves most of the bandwidth unused); a unit's two rows are two warps of
+// one block, whose sums meet in shared memory. Weight loads are streaming (evict-first: each
+// weight is read once); the input rows, read by every warp, stay cached.
+//
+// Tried on an H200 and given up, each slower per 1B decode step than this kernel in the same run
+// (bench/results/gpu-gemv-experiments.md): long rows cut over up to 8 warps of a block (7-14%),
+// 8 loads a lane (12%), loads that skip L1 (no change), launches as programmatic dependents that
+// prefetch their rows into L2 (2%), and a persistent grid whose warps keep 8 loads in flight
+// across rows and units (27%). ncu puts this kernel and the persistent one at 25-37% of DRAM
+// peak on the 1B projections, with 24-47% of warps active.
+
+constexpr int kGemvWarps = kThreads / 32;
+constexpr int kLoads = 4;
+constexpr int kChunkCols = 32 * 8;  // columns one 16-byte load of every lane covers (half weights)
 
 // 8 half-precision weights from one 16-byte load, as fp32.
 template <class Half>
@@ -234,35 +224,36 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&w)[8]) {
   }
 }
 
+// acc[t] += the 8 weights of `raw` (columns c..c+7) · x[t, c..c+7], with the norm gains g folded
+// in when g is set; ss[t] += Σ x[t, c..c+7]² when ss is set.
+template <class Half, int T>
+__device__ __forceinline__ void dot8(const uint4& raw, int c, const float* x, int cols, const float* g, float (&acc)[T], float* ss) {
+  float w[8];
+  unpack8<Half>(raw, w);
+  if (g) {
+    const float4 g0 = __ldg(reinterpret_cast<const float4*>(g + c)), g1 = __ldg(reinterpret_cast<const float4*>(g + c + 4));
+    w[0] *= g0.x, w[1] *= g0.y, w[2] *= g0.z, w[3] *= g0.w, w[4] *= g1.x, w[5] *= g1.y, w[6] *= g1.z, w[7] *= g1.w;
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
+    const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4));
+    acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+    if (ss) ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+  }
+}
+
 // F16 / BF16 rows whose length is a multiple of 8 (so every row starts 16-byte aligned).
-// g: the RMSNorm gains folded into the input (x ⊙ g), or null. ss, when not null, also sums
-// x[t]² into ss[t] over the columns this lane reads (the warp reads every column once).
-template <class Half, int T, int Loads>
+template <class Half, int T>
 __device__ __forceinline__ void dot_half(const Half* wr, int cols, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
-  constexpr int kStride = 32 * 8;  // columns one load of the whole warp covers
-  for (int c0 = lane * 8; c0 < cols; c0 += kStride * Loads) {
-    uint4 raw[Loads];
+  for (int c0 = lane * 8; c0 < cols; c0 += kChunkCols * kLoads) {
+    uint4 raw[kLoads];
 #pragma unroll
-    for (int u = 0; u < Loads; u++)
-      raw[u] = c0 + u * kStride < cols ? __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * kStride)) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kLoads; u++)
+      raw[u] = c0 + u * kChunkCols < cols ? __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * kChunkCols)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < Loads; u++) {
-      const int c = c0 + u * kStride;
-      if (c >= cols) break;
-      float w[8];
-      unpack8<Half>(raw[u], w);
-      if (g) {
-        const float4 g0 = __ldg(reinterpret_cast<const float4*>(g + c)), g1 = __ldg(reinterpret_cast<const float4*>(g + c + 4));
-        w[0] *= g0.x, w[1] *= g0.y, w[2] *= g0.z, w[3] *= g0.w, w[4] *= g1.x, w[5] *= g1.y, w[6] *= g1.z, w[7] *= g1.w;
-      }
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * cols + c + 4));
-        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
-        if (ss) ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-      }
-    }
+    for (int u = 0; u < kLoads; u++)
+      if (c0 + u * kChunkCols < cols) dot8<Half, T>(raw[u], c0 + u * kChunkCols, x, cols, g, acc, ss);
   }
 }
 
@@ -296,7 +287,7 @@ __device__ __forceinline__ size_t row_bytes(const DeviceMatrix& W) {
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
 // ss, when not null, receives Σ x[t]² in ss[t], for a folded RMSNorm: the warp reads every column
 // of x once anyway, so the norm costs no pass of its own over the input.
-template <int T, int Loads>
+template <int T>
 __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const float* x, const float* g, int lane, float (&acc)[T], float* ss) {
 #pragma unroll
   for (int t = 0; t < T; t++) {
@@ -306,9 +297,9 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
   const size_t off = size_t(r) * W.cols;
   const bool vec8 = W.cols % 8 == 0;
   if (W.dtype == DType::BF16 && vec8) {
-    dot_half<__nv_bfloat16, T, Loads>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc, ss);
+    dot_half<__nv_bfloat16, T>(static_cast<const __nv_bfloat16*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::F16 && vec8) {
-    dot_half<__half, T, Loads>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
+    dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::Q8_0) {
     dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * row_bytes(W), W.cols, x, g, lane, acc, ss);
   } else {
@@ -329,59 +320,109 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
   }
 }
 
-// 1 / rms of input row t from its sum of squares ss[t] when the batch folds an RMSNorm in (else 1,
-// and ss is not read).
-__device__ __forceinline__ float input_scale(const GemvBatch& b, const float* ss, int t) { return b.norm ? rsqrtf(ss[t] / b.cols + b.eps) : 1.f; }
+// What a unit's sums become: a plain projection's rows, the MLP's gate, or rotated q and k with v.
+enum class GemvOut { Plain, Swiglu, QkvRope };
+template <GemvOut Out>
+constexpr int kMatsOf = Out == GemvOut::Plain ? 1 : 2;
 
-// A programmatic dependent's start (see allow_dependents): row r of W towards L2 while the kernel
-// before finishes, then the wait for it.
-__device__ __forceinline__ void prefetch_row(const DeviceMatrix& W, int r, int lane) {
-  const size_t bytes = row_bytes(W);
-  const char* row = static_cast<const char*>(W.data) + size_t(r) * bytes;
-  for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + o));
-}
+// The rows of unit u: of part p (-1 past the last unit), row[m] for each of its rows, and for a
+// rotary pair its head and pair index within the head.
+struct GemvUnit {
+  int p = -1;
+  int row[2] = {0, 0};
+  int head = 0, pair = 0;
+};
 
-// Warp w of the grid takes row w of the parts' rows laid end to end (q, then k, then v).
-template <int T, int Loads>
-__global__ void gemv_kernel(GemvBatch b) {
-  allow_dependents();
-  int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
-  const int lane = threadIdx.x % 32;
+template <GemvOut Out>
+__device__ __forceinline__ GemvUnit gemv_unit(const GemvBatch& b, int u) {
+  GemvUnit U;
+  if constexpr (Out == GemvOut::Swiglu) {
+    if (u < b.part[0].W.rows) U.p = 0, U.row[0] = U.row[1] = u;
+    return U;
+  }
+  // The parts' units laid end to end (q, then k, then v).
+  constexpr int kRowsEach = Out == GemvOut::QkvRope ? 2 : 1;
   int p = 0;
-  while (p < b.n_parts - 1 && r >= b.part[p].W.rows) r -= b.part[p++].W.rows;
-  const GemvPart& P = b.part[p];
-  if (b.pdl && r < P.W.rows) prefetch_row(P.W, r, lane);
-  wait_for_prerequisites();  // before the early return too: nothing of this grid may outrun it
-  if (r >= P.W.rows) return;
-  float acc[T], ss[T];
-  row_dot<T, Loads>(P.W, r, b.x, b.norm, lane, acc, b.norm ? ss : nullptr);
-  if (lane != 0) return;
-  const float bias = P.bias ? P.bias[r] : 0.f;
+  while (p < b.n_parts && u >= b.part[p].W.rows / kRowsEach) u -= b.part[p++].W.rows / kRowsEach;
+  if (p == b.n_parts) return U;
+  U.p = p;
+  if constexpr (Out == GemvOut::Plain) {
+    U.row[0] = u;
+  } else {
+    const int hd = b.rope.hd, half = hd / 2;
+    U.head = u / half, U.pair = u % half;
+    const RotaryPair rp(U.pair, half, b.rope.interleaved);
+    U.row[0] = U.head * hd + rp.a, U.row[1] = U.head * hd + rp.b;
+  }
+  return U;
+}
+
+// The matrix of row m of unit U (the gate and the up projection are parts 0 and 1).
+template <GemvOut Out>
+__device__ __forceinline__ const DeviceMatrix& unit_matrix(const GemvBatch& b, const GemvUnit& U, int m) {
+  return b.part[Out == GemvOut::Swiglu ? m : U.p].W;
+}
+
+// Writes unit U's outputs from its row sums (sum[m][t]) and, with a folded norm, the sums of
+// squares of the input rows (sq[t]).
+template <GemvOut Out, int T>
+__device__ __forceinline__ void gemv_store(const GemvBatch& b, const GemvUnit& U, const float (&sum)[kMatsOf<Out>][T], const float (&sq)[T]) {
+  const GemvPart& P = b.part[U.p];
+  const int n = P.W.rows;
+#pragma unroll
   for (int t = 0; t < T; t++) {
-    float& y = P.y[size_t(t) * P.W.rows + r];
-    y = (b.accumulate ? y : 0.f) + acc[t] * input_scale(b, ss, t) + bias;
+    const float inv = b.norm ? rsqrtf(sq[t] / b.cols + b.eps) : 1.f;  // 1 / rms of input row t
+    if constexpr (Out == GemvOut::Plain) {
+      float& y = P.y[size_t(t) * n + U.row[0]];
+      y = (b.accumulate ? y : 0.f) + sum[0][t] * inv + (P.bias ? P.bias[U.row[0]] : 0.f);
+    } else if constexpr (Out == GemvOut::Swiglu) {
+      const float g = sum[0][t] * inv;
+      P.y[size_t(t) * n + U.row[0]] = g / (1.f + expf(-g)) * sum[1][t] * inv;
+    } else {
+      const RopeStoreArgs& r = b.rope;
+      const float xa = sum[0][t] * inv + (P.bias ? P.bias[U.row[0]] : 0.f);
+      const float xb = sum[1][t] * inv + (P.bias ? P.bias[U.row[1]] : 0.f);
+      const float c = r.cos[size_t(t) * (r.hd / 2) + U.pair], s = r.sin[size_t(t) * (r.hd / 2) + U.pair];
+      const float ra = U.p == 2 ? xa : xa * c - xb * s, rb = U.p == 2 ? xb : xb * c + xa * s;  // v is not rotated
+      if (U.p == 0) {
+        P.y[size_t(t) * n + U.row[0]] = ra, P.y[size_t(t) * n + U.row[1]] = rb;
+      } else {
+        const int in_head = U.head * r.hd;
+        float* dst = (U.p == 1 ? r.k_cache : r.v_cache) + (size_t(U.head) * r.max_tokens + *r.n_past + t) * r.hd;
+        dst[U.row[0] - in_head] = ra, dst[U.row[1] - in_head] = rb;
+      }
+    }
   }
 }
 
-// part[0].y[t, r] = silu(Wg[r] · x[t]) · (Wu[r] · x[t]) with part[0] the gate and part[1] the up
-// projection: the MLP's two projections and its gate in one pass.
-template <int T, int Loads>
-__global__ void gemv_swiglu_kernel(GemvBatch b) {
-  allow_dependents();
-  const int r = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
-  if (b.pdl && r < Wg.rows) prefetch_row(Wg, r, lane), prefetch_row(Wu, r, lane);
-  wait_for_prerequisites();
-  if (r >= Wg.rows) return;
-  float g[T], u[T], ss[T];
-  row_dot<T, Loads>(Wg, r, b.x, b.norm, lane, g, b.norm ? ss : nullptr);  // the input's squares once, for both rows
-  row_dot<T, Loads>(Wu, r, b.x, b.norm, lane, u, nullptr);
-  if (lane != 0) return;
-  for (int t = 0; t < T; t++) {
-    const float inv = input_scale(b, ss, t);
-    const float gt = g[t] * inv;
-    b.part[0].y[size_t(t) * Wg.rows + r] = gt / (1.f + expf(-gt)) * u[t] * inv;
+// Warp w of the grid takes row w % Mats of unit w / Mats.
+template <int T, GemvOut Out>
+__global__ void gemv_kernel(GemvBatch b) {
+  constexpr int kMats = kMatsOf<Out>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, m = warp % kMats;
+  const GemvUnit U = gemv_unit<Out>(b, int((size_t(blockIdx.x) * kGemvWarps + warp) / kMats));
+  const bool live = U.p >= 0;
+  // The input's squares from the first row's warp only: it reads every column once.
+  const bool squares = b.norm && m == 0;
+  float acc[T] = {}, ss[T] = {};
+  if (live) row_dot<T>(unit_matrix<Out>(b, U, m), U.row[m], b.x, b.norm, lane, acc, squares ? ss : nullptr);
+  float sum[kMats][T];
+  if constexpr (kMats == 1) {
+    if (!live || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; t++) sum[0][t] = acc[t];
+  } else {
+    __shared__ float s_acc[kGemvWarps][T];
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < T; t++) s_acc[warp][t] = acc[t];
+    }
+    __syncthreads();  // every warp of the block gets here
+    if (!live || m != 0 || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; t++) sum[0][t] = acc[t], sum[1][t] = s_acc[warp + 1][t];
   }
+  gemv_store<Out, T>(b, U, sum, ss);
 }
 
 // --- Attention ----------------------------------------------------------------------------
@@ -694,10 +735,43 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
   }
 }
 
+// Merges the splits' partial states of row (t, h) into its output row, as the warps of one block
+// are merged in attention_split_kernel: run by the row's block that finishes last. The states
+// were written by other blocks: read through L2 (__ldcg), not a stale L1.
+__device__ void combine_splits(const AttentionArgs& a, int t, int h) {
+  const int hd = a.hd;
+  const size_t row = size_t(t) * a.H + h;
+  const float* recs = a.partial + row * a.splits * (hd + 3);
+  // Each split's weight e^{M_z − M} (0 for an empty split) once, so the loop over the splits
+  // below is independent loads rather than a chain of branches on loaded values.
+  __shared__ float weight[kDecodeSplits];
+  __shared__ float sum_l, sum_es, max_m;
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int z = 0; z < a.splits; z++) M = fmaxf(M, __ldcg(recs + z * (hd + 3)));
+    float L = 0.f, ES = 0.f;
+    for (int z = 0; z < a.splits; z++) {
+      const float* r = recs + z * (hd + 3);
+      const float m = __ldcg(r);
+      weight[z] = m == -INFINITY ? 0.f : expf(m - M);
+      L += __ldcg(r + 1) * weight[z];
+      ES += __ldcg(r + 2) * weight[z];
+    }
+    sum_l = L, sum_es = ES, max_m = M;
+  }
+  __syncthreads();
+  float* op = a.out + row * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int z = 0; z < a.splits; z++) o += __ldcg(recs + z * (hd + 3) + 3 + d) * weight[z];
+    op[d] = o / sum_l;
+  }
+  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(max_m, sum_l, sum_es);
+}
+
 // Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range; the warps
 // then merge, and the block writes its partial state (M, L, ES, Σ e^{s−M}·α·v) to a.partial.
 __global__ void attention_split_kernel(AttentionArgs a) {
-  allow_dependents();
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, kvh = h / (a.H / a.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hd = a.hd;
@@ -741,39 +815,21 @@ __global__ void attention_split_kernel(AttentionArgs a) {
       if (sm_m[w] != -INFINITY) o += sm_acc[w][d] * expf(sm_m[w] - M);
     rec[3 + d] = o;
   }
-}
 
-// Block (t, h): merges the splits' partial states into the output row, as the warps of one
-// block are merged above.
-__global__ void attention_combine_kernel(AttentionArgs a) {
-  allow_dependents();
-  const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
-  const size_t row = size_t(t) * a.H + h;
-  const float* recs = a.partial + row * a.splits * (hd + 3);
-  // Each split's weight e^{M_z − M} (0 for an empty split) once, so the loop over the splits
-  // below is independent loads rather than a chain of branches on loaded values.
-  __shared__ float weight[kDecodeSplits];
-  __shared__ float sum_l, sum_es, max_m;
+  // The row's last block to get here merges all its splits: no second launch. Each thread makes
+  // its writes visible device-wide before the block counts itself; the count goes back to zero
+  // for the next launch once every split has counted.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
   if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int z = 0; z < a.splits; z++) M = fmaxf(M, recs[z * (hd + 3)]);
-    float L = 0.f, ES = 0.f;
-    for (int z = 0; z < a.splits; z++) {
-      const float* r = recs + z * (hd + 3);
-      weight[z] = r[0] == -INFINITY ? 0.f : expf(r[0] - M);
-      L += r[1] * weight[z];
-      ES += r[2] * weight[z];
-    }
-    sum_l = L, sum_es = ES, max_m = M;
+    last = atomicAdd(a.done + row, 1) == a.splits - 1;
+    if (last) a.done[row] = 0;
   }
   __syncthreads();
-  float* op = a.out + row * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.f;
-    for (int z = 0; z < a.splits; z++) o += recs[z * (hd + 3) + 3 + d] * weight[z];
-    op[d] = o / sum_l;
-  }
-  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(max_m, sum_l, sum_es);
+  if (!last) return;
+  __threadfence();
+  combine_splits(a, t, h);
 }
 
 }  // namespace
@@ -834,64 +890,51 @@ void launch_dequant_q8_to_f16(const void* q8, size_t n, void* out, cudaStream_t 
   DKI_CUDA_LAUNCHED();
 }
 
-// Calls f(std::integral_constant<int, T>{}, std::integral_constant<int, Loads>{}): the GEMV
-// kernels take the token count and the loads in flight as compile-time loop bounds.
+// Calls f(std::integral_constant<int, T>{}): the GEMV kernels take the token count as a
+// compile-time loop bound.
 template <class F>
-void with_gemv_params(int T, int loads, const char* what, F f) {
+void with_tokens(int T, const char* what, F f) {
   static_assert(kGemvMaxTokens == 4, "a case for every T up to kGemvMaxTokens");
-  auto with_loads = [&](auto t) {
-    if (loads == 4) return f(t, std::integral_constant<int, 4>{});
-    if (loads == 8) return f(t, std::integral_constant<int, 8>{});
-    throw Error(std::string(what) + ": " + std::to_string(loads) + " loads in flight (4 or 8)");
-  };
   switch (T) {
-    case 1: return with_loads(std::integral_constant<int, 1>{});
-    case 2: return with_loads(std::integral_constant<int, 2>{});
-    case 3: return with_loads(std::integral_constant<int, 3>{});
-    case 4: return with_loads(std::integral_constant<int, 4>{});
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
   }
   throw Error(std::string(what) + ": " + std::to_string(T) + " tokens (1 to " + std::to_string(kGemvMaxTokens) + ")");
 }
 
-int gemv_code_arch() {
-  cudaFuncAttributes attr{};
-  DKI_CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_kernel<1, 4>));
-  return attr.ptxVersion;  // the virtual architecture the code came from (binaryVersion is the device's after a JIT)
+namespace {
+// Launches the GEMV kernel for `units` outputs of kMatsOf<Out> rows each.
+template <GemvOut Out>
+void launch_gemv_units(const GemvBatch& b, size_t units, int T, const char* what, cudaStream_t s) {
+  for (int p = 0; p < b.n_parts; p++)
+    if (b.part[p].W.cols != b.cols) throw Error(std::string(what) + ": the parts' row lengths differ");
+  const size_t warps = units * kMatsOf<Out>;
+  with_tokens(T, what, [&](auto t) { gemv_kernel<decltype(t)::value, Out><<<blocks_for(warps * 32), kThreads, 0, s>>>(b); });
+  DKI_CUDA_LAUNCHED();
 }
-
-// Launches a GEMV kernel, as a programmatic dependent of the kernel before it when b.pdl.
-void launch_gemv_kernel(void (*kernel)(GemvBatch), unsigned grid, const GemvBatch& b, cudaStream_t s) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kThreads);
-  config.stream = s;
-  config.attrs = &attr;
-  config.numAttrs = b.pdl ? 1 : 0;
-  DKI_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, b));
-}
+}  // namespace
 
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s) {
   if (b.n_parts < 1 || b.n_parts > kGemvParts) throw Error("launch_gemv: " + std::to_string(b.n_parts) + " parts");
   size_t rows = 0;
-  for (int p = 0; p < b.n_parts; p++) {
-    if (b.part[p].W.cols != b.cols) throw Error("launch_gemv: the parts' row lengths differ");
-    rows += b.part[p].W.rows;
-  }
-  const unsigned grid = blocks_for(rows * 32);
-  with_gemv_params(T, b.loads, "launch_gemv", [&](auto t, auto u) { launch_gemv_kernel(gemv_kernel<decltype(t)::value, decltype(u)::value>, grid, b, s); });
-  DKI_CUDA_LAUNCHED();
+  for (int p = 0; p < b.n_parts; p++) rows += b.part[p].W.rows;
+  launch_gemv_units<GemvOut::Plain>(b, rows, T, "launch_gemv", s);
 }
 
 void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s) {
-  const DeviceMatrix &Wg = b.part[0].W, &Wu = b.part[1].W;
-  if (b.n_parts != 2 || Wg.rows != Wu.rows || Wg.cols != b.cols || Wu.cols != b.cols)
+  if (b.n_parts != 2 || b.part[0].W.rows != b.part[1].W.rows)
     throw Error("launch_gemv_swiglu: needs a gate and an up projection of one shape");
-  const unsigned grid = blocks_for(size_t(Wg.rows) * 32);
-  with_gemv_params(T, b.loads, "launch_gemv_swiglu", [&](auto t, auto u) { launch_gemv_kernel(gemv_swiglu_kernel<decltype(t)::value, decltype(u)::value>, grid, b, s); });
-  DKI_CUDA_LAUNCHED();
+  launch_gemv_units<GemvOut::Swiglu>(b, b.part[0].W.rows, T, "launch_gemv_swiglu", s);
+}
+
+void launch_gemv_qkv_rope(const GemvBatch& b, int T, cudaStream_t s) {
+  const RopeStoreArgs& r = b.rope;
+  const bool shaped = b.n_parts == 3 && r.hd > 0 && r.hd % 2 == 0 && b.part[0].W.rows == r.H * r.hd && b.part[1].W.rows == r.Hkv * r.hd &&
+                      b.part[2].W.rows == r.Hkv * r.hd && r.cos && r.sin && r.n_past && r.k_cache && r.v_cache && b.part[0].y;
+  if (!shaped) throw Error("launch_gemv_qkv_rope: needs q, k and v projections of H and Hkv heads, the angles and the cache");
+  launch_gemv_units<GemvOut::QkvRope>(b, size_t(r.H + 2 * r.Hkv) * (r.hd / 2), T, "launch_gemv_qkv_rope", s);
 }
 
 // The tiled kernel's shared memory limit on the current device, raised once per device to what
@@ -926,12 +969,10 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
     DKI_CUDA_LAUNCHED();
     return;
   }
-  if (!a.partial) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
+  if (!a.partial || !a.done) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
   if (a.splits > kDecodeSplits)
     throw Error("launch_attention: " + std::to_string(a.splits) + " splits (the combine takes at most " + std::to_string(kDecodeSplits) + ")");
   attention_split_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
-  DKI_CUDA_LAUNCHED();
-  attention_combine_kernel<<<dim3(a.T, a.H), 128, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
 }
 

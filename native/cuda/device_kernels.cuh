@@ -27,9 +27,9 @@ void launch_add_bias(float* y, const float* b, int T, int n, cudaStream_t s);
 // layer's cache [Hkv, max_tokens, hd] at rows n_past..n_past+T-1. n_past is read from device
 // memory, so a captured CUDA graph replays with each step's value.
 struct RopeStoreArgs {
-  float* q = nullptr;        // [T, H, hd]
-  const float* k = nullptr;  // [T, Hkv, hd]
-  const float* v = nullptr;
+  float* q = nullptr;  // [T, H, hd]
+  float* k = nullptr;  // [T, Hkv, hd]: a prefill's projections write them, the store reads them
+  float* v = nullptr;
   float* k_cache = nullptr;
   float* v_cache = nullptr;
   const float* cos = nullptr;  // [T, hd/2]: the angles of each token's position
@@ -74,18 +74,17 @@ struct GemvBatch {
   // and eps on the way in: the norm costs no launch and its output no trip through memory.
   const float* norm = nullptr;
   float eps = 0.f;
-  int loads = 4;  // 16-byte weight loads each lane keeps in flight: 4 or 8 (DKI_CUDA_GEMV_LOADS)
-  // Launched as a programmatic dependent of the kernel before (sm_90+, DKI_CUDA_PDL=1): it starts
-  // while that one finishes, prefetching its weights, and waits for its results.
-  bool pdl = false;
+  // launch_gemv_qkv_rope: the rotary angles, n_past and this layer's cache (its q, k, v unused).
+  RopeStoreArgs rope;
 };
 void launch_gemv(const GemvBatch& b, int T, cudaStream_t s);
-// The architecture (e.g. 90) the GEMV kernels running on the current device were compiled for:
-// below 90 their programmatic-launch waits are compiled out.
-int gemv_code_arch();
 // part[0].y[t, r] = silu(Wg[r, :] · x[t, :]) · (Wu[r, :] · x[t, :]) for part[0] = the gate and
 // part[1] = the up projection (its y unused): the MLP's hidden layer in one pass.
 void launch_gemv_swiglu(const GemvBatch& b, int T, cudaStream_t s);
+// part[0..2] = q, k, v projections (with their biases): q rotated into part[0].y, k rotated and v
+// as it is into rows n_past.. of b.rope's cache (part[1].y, part[2].y unused). Decode's q/k/v
+// projection and launch_rope_store in one launch.
+void launch_gemv_qkv_rope(const GemvBatch& b, int T, cudaStream_t s);
 
 // Causal attention of T queries over [segment columns ; cached own tokens ; the chunk so far].
 struct AttentionArgs {
@@ -107,10 +106,12 @@ struct AttentionArgs {
   float* entropy = nullptr;  // [H]: attention entropy of the last query, or null
   // 1: the flash-tiled prefill kernel. More: split-K, each (query, head) row's columns cut into
   // `splits` ranges, one block each, whose partial softmax states go to `partial`
-  // ([T, H, splits, hd + 3] floats) and are then merged. Decode has one query per head: without
+  // ([T, H, splits, hd + 3] floats) and are merged by the row's last block to finish, which
+  // `done` ([T, H] counts, zero between launches) tells. Decode has one query per head: without
   // the split only H blocks would stream the whole cache.
   int splits = 1;
   float* partial = nullptr;
+  int* done = nullptr;
   // Prefill (splits 1) through the register-tiled kernel (head sizes up to 128, multiples of 4,
   // within the device's shared memory per block; others take the warp kernel). The default;
   // a context made with DKI_CUDA_ATTENTION=warp leaves it off.
