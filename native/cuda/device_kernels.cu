@@ -202,7 +202,7 @@ __global__ void dequant_q8_kernel(const unsigned char* q8, size_t n, __half* out
 // one block, whose sums meet in shared memory. Weight loads are streaming (evict-first: each
 // weight is read once); the input rows, read by every warp, stay cached.
 //
-// Tried on an H200 and given up, each slower per 1B decode step than this kernel in the same run
+// Tried on an H200 and given up, none faster per 1B decode step than this kernel in the same run
 // (bench/results/gpu-gemv-experiments.md): long rows cut over up to 8 warps of a block (7-14%),
 // 8 loads a lane (12%), loads that skip L1 (no change), launches as programmatic dependents that
 // prefetch their rows into L2 (2%), and a persistent grid whose warps keep 8 loads in flight
