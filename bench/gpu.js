@@ -13,6 +13,7 @@ import { Bench } from "tinybench";
 import { Model } from "../dist/src/engine/model.js";
 import { LogitsMode, native } from "../dist/src/engine/native.js";
 import { machine } from "./lib/machine.js";
+import { contextWith } from "./lib/context.js";
 import { benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
 
@@ -75,19 +76,9 @@ function save() {
     });
 }
 
-/** A context of `model` made with environment variable `name` set to `value` (the engine reads its settings when a context is made). */
-function contextWith(model, name, value, size) {
-  process.env[name] = value;
-  try {
-    return model.createContext(size);
-  } finally {
-    delete process.env[name];
-  }
-}
-
 /** The stage profile of DECODE one-token steps of `model` (null where there is none: the CPU). */
 async function decodeStages(model, preset, decode, plainStepUs) {
-  const profiled = contextWith(model, "DKI_CUDA_PROFILE", "1", DECODE + 32);
+  const profiled = contextWith(model, { DKI_CUDA_PROFILE: "1" }, DECODE + 32);
   try {
     await decode(profiled)();
     const p = profiled.cudaProfile();
@@ -116,7 +107,7 @@ for (const preset of presets) {
   const ctx = model.createContext(PREFILL[1] + DECODE + 16);
   // The same prefills with the attention kernel that was the default before the register-tiled
   // one (DKI_CUDA_ATTENTION=warp, read when a context is made).
-  const warp = contextWith(model, "DKI_CUDA_ATTENTION", "warp", PREFILL[1] + 16);
+  const warp = contextWith(model, { DKI_CUDA_ATTENTION: "warp" }, PREFILL[1] + 16);
   const bench = new Bench({ iterations: 5, warmupIterations: 1, time: 0, warmupTime: 0 });
   for (const [on, suffix] of [[ctx, ""], [warp, " warp"]])
     for (const n of PREFILL) {
@@ -140,7 +131,7 @@ for (const preset of presets) {
     await model.generate({ tokens: Array.from(start) }, { maxNewTokens: DECODE, stopOnEos: false });
   });
   // The same steps with every kernel launched from the host: what the CUDA graphs save.
-  const eager = contextWith(model, "DKI_CUDA_GRAPHS", "0", PREFILL[1] + DECODE + 16);
+  const eager = contextWith(model, { DKI_CUDA_GRAPHS: "0" }, PREFILL[1] + DECODE + 16);
   bench.add(`decode ${DECODE} no graphs`, decode(eager));
   // Time to first token: memory injected as a ready K/V block vs the same memory as prompt text.
   const memory = tokens(MEMORY, 4);
