@@ -7,8 +7,9 @@
 # --quick: no llama-8b in the benchmark, cache up to 512 tokens. --only (repeatable) runs those
 # steps alone (the build always runs, incrementally), so a run can be split across calls of a
 # limited length. With OUT set (the device tool's output folder), the bench/results files this run
-# wrote and a log of each step are copied there on exit, even after a failure or a timeout's TERM; calls append to one
-# log, so `timeout 300 run.sh --only tests; timeout 120 run.sh --only cache` bounds each step.
+# wrote and a log of each step are copied there on exit, even after a failure or a timeout's TERM;
+# calls append to one log, so `timeout 300 run.sh --only tests; timeout 120 run.sh --only cache`
+# bounds each step.
 #
 # Needs: Node >= 20, the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.18, node_modules (`npm ci`, or
 # unpacked from bench/gpu/pack-for-device.sh on a host without network), and python3 with torch +

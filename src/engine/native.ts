@@ -196,9 +196,10 @@ export interface NativeAddon {
    * and writes this process's id and a newline into it (another user's file is locked read-only
    * and left as it is). Returns the descriptor, which holds the lock until unlockFile(fd), the end
    * of the thread that took it (a worker's teardown lets go of its locks) or the process's end,
-   * however it ends. Throws an Error whose `code` is "EWOULDBLOCK" when another open of the file holds the lock, this process's included
-   * (flock locks belong to the open, not the process); else the errno's name where it is one the
-   * calls are expected to meet, such as "ENOLCK" or "EOPNOTSUPP" on a filesystem without locks.
+   * however it ends. Throws an Error whose `code` is "EWOULDBLOCK" when another open of the file
+   * holds the lock, this process's included (flock locks belong to the open, not the process);
+   * else the errno's name where it is one the calls are expected to meet, such as "ENOLCK" or
+   * "EOPNOTSUPP" on a filesystem without locks.
    */
   lockFile(path: string): number;
   /** Closes a descriptor lockFile returned on this thread, letting go of its lock; refuses any other descriptor. */
