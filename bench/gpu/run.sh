@@ -2,11 +2,13 @@
 # The GPU recipe (issues #9 and #6): on a CUDA host, builds the CUDA addon, runs the GPU tests,
 # the GPU benchmark and the tiered cache's benchmark with L1 in GPU memory. Run from anywhere inside the checkout:
 #
-#   bench/gpu/run.sh [--quick] [--only build|tests|bench|cache]...
+#   bench/gpu/run.sh [--quick] [--only build|tests|bench|cache|ncu]...
 #
 # --quick: no llama-8b in the benchmark, cache up to 512 tokens. --only (repeatable) runs those
 # steps alone (the build always runs, incrementally), so a run can be split across calls of a
-# limited length. With OUT set (the device tool's output folder), the bench/results files this run
+# limited length. The ncu step runs only when named: Nsight Compute's DRAM throughput, warps
+# active, registers and stall reasons for each kernel of one decode layer of llama-1b
+# (NCU_MODEL), from bench/gpu/ncu-decode.js, into $OUT/logs/ncu-<model>.txt (build/logs/ without OUT). With OUT set (the device tool's output folder), the bench/results files this run
 # wrote and a log of each step are copied there on exit, even after a failure or a timeout's TERM;
 # calls append to one log, so `timeout 300 run.sh --only tests; timeout 120 run.sh --only cache`
 # bounds each step.
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-step() { [ -z "$only" ] || [[ " $only " == *" $1 "* ]]; }
+step() { [[ " $only " == *" $1 "* ]] || { [ -z "$only" ] && [ "$1" != ncu ]; }; }
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/logs" "$OUT/results"
@@ -66,4 +68,14 @@ tests=0
 if step tests; then timed node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?; fi
 if step bench; then timed node bench/gpu.js ${quick[@]+"${quick[@]}"}; fi
 if step cache; then timed node bench/cache.js --device cuda ${quick[@]+"${quick[@]}"}; fi
+if step ncu; then
+  model="${NCU_MODEL:-llama-1b}"
+  ncu_bin="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+  metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,l1tex__t_sector_hit_rate.pct
+  read -ra select < <(node bench/gpu/ncu-decode.js --model "$model" --ncu-args)
+  log="${OUT:-build}/logs/ncu-$model.txt"  # build/ is git-ignored
+  mkdir -p "$(dirname "$log")"
+  ncu_run() { "$ncu_bin" "${select[@]}" --metrics "$metrics" --section WarpStateStats node bench/gpu/ncu-decode.js --model "$model" > "$log" 2>&1; }
+  timed ncu_run
+fi
 exit "$tests"
