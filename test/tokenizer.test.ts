@@ -1,12 +1,14 @@
 // The tokenizer on the real SmolLM2-135M-Instruct tokenizer.json (byte-level BPE), the stream
 // detokenizer, and chat templates.
 import { spawn, spawnSync } from "node:child_process";
-import { copyFileSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, readdirSync, readFileSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { beforeAll, describe, expect, test } from "vitest";
 import { packageRoot } from "../src/engine/native.js";
 import { FormatError } from "../src/errors.js";
+import { readHfFolder } from "../src/formats/hf-folder.js";
+import { MAX_JSON_FILE_BYTES } from "../src/formats/json-file.js";
 import { renderChat, selectChatTemplate, type ChatMessage } from "../src/tokenizer/chat-template.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { hfLlamaTiny, smollm2Tokenizer, tempDir } from "./support/paths.js";
@@ -438,6 +440,26 @@ describe("other tokenizers and errors", () => {
 });
 
 describe("hostile tokenizer.json", () => {
+  test("a JSON file larger than any real one is refused by size before it is read (parsing it could exhaust the heap and abort the process)", async () => {
+    const dir = tempDir();
+    copyFileSync(join(hfLlamaTiny, "config.json"), join(dir, "config.json"));
+    copyFileSync(join(hfLlamaTiny, "model.safetensors"), join(dir, "model.safetensors"));
+    const big = (name: string) => {
+      writeFileSync(join(dir, name), "{}");
+      truncateSync(join(dir, name), MAX_JSON_FILE_BYTES + 1);  // sparse: costs no disk
+    };
+    big("tokenizer.json");
+    await expect(Tokenizer.fromFile(join(dir, "tokenizer.json"))).rejects.toThrow(/tokenizer\.json: 67108865 bytes: larger than any real model or tokenizer JSON file \(the limit is 67108864\)/);
+    big("tokenizer_config.json");
+    await expect(Tokenizer.fromFile(join(hfLlamaTiny, "tokenizer.json"), join(dir, "tokenizer_config.json"))).rejects.toThrow(/tokenizer_config\.json: 67108865 bytes/);
+    expect((await readHfFolder(dir)).config.numLayers).toBeGreaterThan(0);
+    big("config.json");
+    await expect(readHfFolder(dir)).rejects.toThrow(/config\.json: 67108865 bytes/);
+    // At the limit the file is read (and here, being mostly NUL bytes, is not JSON).
+    truncateSync(join(dir, "tokenizer.json"), MAX_JSON_FILE_BYTES);
+    await expect(Tokenizer.fromFile(join(dir, "tokenizer.json"))).rejects.toThrow(/tokenizer\.json: not valid JSON/);
+  });
+
   test("a token id beyond 2^24 - 1 is refused by name (one id of 2^31 - 1 made the load hang), and so is a fractional one", () => {
     const base = JSON.parse(readFileSync(join(hfLlamaTiny, "tokenizer.json"), "utf8")) as { model: { vocab: Record<string, number> }; added_tokens: object[] };
     const json = (vocab: Record<string, number>, added: { id: number; content: string }[] = []) => ({

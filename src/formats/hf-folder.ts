@@ -1,9 +1,10 @@
 // A Hugging Face model folder: config.json + one or more safetensors files (sharded through
 // model.safetensors.index.json). Resolves and checks every tensor the config needs.
-import { access, readFile } from "node:fs/promises";
+import { access } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { FormatError } from "../errors.js";
 import { expectedTensors, parseHfConfig, type ModelConfig } from "./hf-config.js";
+import { readJsonObject } from "./json-file.js";
 import { readSafetensorsHeader, type TensorInfo } from "./safetensors.js";
 
 export interface HfModelFiles {
@@ -16,25 +17,11 @@ export interface HfModelFiles {
 
 const exists = (p: string) => access(p).then(() => true, () => false);
 
-async function readJson(file: string): Promise<Record<string, unknown>> {
-  let text: string;
-  try {
-    text = await readFile(file, "utf8");
-  } catch (e) {
-    throw new FormatError(file, `cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
-  }
-  try {
-    return JSON.parse(text) as Record<string, unknown>;
-  } catch (e) {
-    throw new FormatError(file, `not valid JSON (${(e as Error).message})`);
-  }
-}
-
 /** The safetensors files of a folder: the shards named by the index, or model.safetensors. */
 async function weightFiles(dir: string): Promise<string[]> {
   const indexFile = join(dir, "model.safetensors.index.json");
   if (await exists(indexFile)) {
-    const index = await readJson(indexFile);
+    const index = await readJsonObject(indexFile);
     const map = index.weight_map;
     if (typeof map !== "object" || map === null) throw new FormatError(indexFile, "weight_map is missing");
     const shards = [...new Set(Object.values(map as Record<string, unknown>))];
@@ -50,7 +37,7 @@ async function weightFiles(dir: string): Promise<string[]> {
 
 export async function readHfFolder(dir: string): Promise<HfModelFiles> {
   const configFile = join(dir, "config.json");
-  const rawConfig = await readJson(configFile);
+  const rawConfig = await readJsonObject(configFile);
   const config = parseHfConfig(rawConfig, configFile);
   const byName = new Map<string, TensorInfo>();
   for (const f of await weightFiles(dir)) {

@@ -10,8 +10,10 @@ import { GgmlType, writeGguf, type GgufEntry, type GgufTensorToWrite } from "../
 import { hfToGgufName, llama3RopeFactors } from "../formats/gguf-model.js";
 import type { ModelConfig } from "../formats/hf-config.js";
 import { readHfFolder } from "../formats/hf-folder.js";
+import { readJsonObject } from "../formats/json-file.js";
 import type { TensorInfo } from "../formats/safetensors.js";
 import { ggufPreForTokenizerJson, TokenType } from "../tokenizer/gguf-tokenizer.js";
+import { tokenString } from "../tokenizer/tokenizer.js";
 import { f16BitsToF32, f32ToBf16Bits, f32ToF16Bits } from "./half.js";
 
 export type GgufOutType = "f32" | "f16" | "bf16" | "q8_0";
@@ -46,26 +48,6 @@ export interface ConvertResult {
 
 type Json = Record<string, unknown>;
 
-async function readJson(file: string, optional: boolean): Promise<Json | null> {
-  let text: string;
-  try {
-    text = await readFile(file, "utf8");
-  } catch (e) {
-    if (optional && (e as NodeJS.ErrnoException).code === "ENOENT") return null;
-    throw new FormatError(file, `cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
-  }
-  try {
-    const v = JSON.parse(text) as unknown;
-    if (typeof v !== "object" || v === null || Array.isArray(v)) throw new Error("not a JSON object");
-    return v as Json;
-  } catch (e) {
-    throw new FormatError(file, `not valid JSON (${(e as Error).message})`);
-  }
-}
-
-const tokenString = (v: unknown): string | null =>
-  typeof v === "string" ? v : typeof v === "object" && v !== null && typeof (v as Json).content === "string" ? ((v as Json).content as string) : null;
-
 /** llama.cpp's convert_hf_to_gguf `does_token_look_special`: added tokens it marks CONTROL even when not flagged special. */
 function looksSpecial(t: string): boolean {
   return (
@@ -79,8 +61,8 @@ function looksSpecial(t: string): boolean {
 /** The tokenizer.ggml.* metadata of a byte-level BPE tokenizer.json (+ tokenizer_config.json and config ids). */
 async function tokenizerMetadata(dir: string, cfg: ModelConfig): Promise<{ entries: [string, GgufEntry][]; pre: string }> {
   const tjPath = join(dir, "tokenizer.json");
-  const tj = (await readJson(tjPath, false))!;
-  const tc = (await readJson(join(dir, "tokenizer_config.json"), true)) ?? {};
+  const tj = await readJsonObject(tjPath);
+  const tc = (await readJsonObject(join(dir, "tokenizer_config.json"), { optional: true })) ?? {};
   const fail = (msg: string): never => { throw new FormatError(tjPath, msg); };
   const model = tj.model as Json | undefined;
   if (!model || model.type !== "BPE") fail(`model type ${JSON.stringify(model?.type)} is not supported: only byte-level BPE tokenizers convert`);

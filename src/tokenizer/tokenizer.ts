@@ -2,11 +2,11 @@
 // @huggingface/tokenizers, a pure-JS port of the Rust `tokenizers` crate, plus what an
 // inference engine needs around it: BOS/EOS ids, the chat template, and a streaming
 // detokenizer that never emits half a UTF-8 character.
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { DkiArgumentError, FormatError } from "../errors.js";
 import { SHAPE_LIMITS } from "../formats/hf-config.js";
+import { readJsonObject } from "../formats/json-file.js";
 import { checkChatTemplate, renderChat, selectChatTemplate, type ChatMessage } from "./chat-template.js";
 
 export interface EncodeOptions {
@@ -51,28 +51,8 @@ type Json = Record<string, unknown>;
  */
 const KNOWN_EOS = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>", "<end_of_turn>"];
 
-/** Reads a JSON object file; null when `optional` and the file does not exist. */
-async function readJsonFile(file: string, optional = false): Promise<Json | null> {
-  let text: string;
-  try {
-    text = await readFile(file, "utf8");
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (optional && code === "ENOENT") return null;
-    throw new FormatError(file, `cannot read (${code ?? (e as Error).message})`);
-  }
-  let v: unknown;
-  try {
-    v = JSON.parse(text);
-  } catch (e) {
-    throw new FormatError(file, `not valid JSON (${(e as Error).message})`);
-  }
-  if (typeof v !== "object" || v === null || Array.isArray(v)) throw new FormatError(file, "not a JSON object");
-  return v as Json;
-}
-
 /** A special-token field of tokenizer_config.json: a string or an AddedToken object `{content}`. */
-function tokenString(v: unknown): string | null {
+export function tokenString(v: unknown): string | null {
   if (typeof v === "string") return v;
   if (typeof v === "object" && v !== null && typeof (v as Json).content === "string") return (v as Json).content as string;
   return null;
@@ -190,12 +170,12 @@ export class Tokenizer {
    * clean-up flag). `extra` carries the model config's BOS/EOS ids.
    */
   static async fromFile(tokenizerJsonPath: string, tokenizerConfigPath?: string | null, extra: TokenizerExtraIds = {}): Promise<Tokenizer> {
-    const config = tokenizerConfigPath ? (await readJsonFile(tokenizerConfigPath))! : null;
+    const config = tokenizerConfigPath ? await readJsonObject(tokenizerConfigPath) : null;
     return Tokenizer.build(tokenizerJsonPath, config, tokenizerConfigPath ?? null, extra);
   }
 
   private static async build(tokenizerJsonPath: string, cfg: Json | null, cfgPath: string | null, extra: TokenizerExtraIds): Promise<Tokenizer> {
-    return Tokenizer.fromObject((await readJsonFile(tokenizerJsonPath))!, tokenizerJsonPath, cfg, cfgPath, extra);
+    return Tokenizer.fromObject(await readJsonObject(tokenizerJsonPath), tokenizerJsonPath, cfg, cfgPath, extra);
   }
 
   /**
@@ -243,10 +223,10 @@ export class Tokenizer {
    */
   static async fromFolder(dir: string): Promise<Tokenizer> {
     const cfgPath = join(dir, "tokenizer_config.json");
-    const cfg = await readJsonFile(cfgPath, true);
+    const cfg = await readJsonObject(cfgPath, { optional: true });
     const extra: TokenizerExtraIds = { eosTokenIds: [] };
     for (const name of ["config.json", "generation_config.json"]) {
-      const c = await readJsonFile(join(dir, name), true);
+      const c = await readJsonObject(join(dir, name), { optional: true });
       if (!c) continue;
       extra.eosTokenIds!.push(...idList(c.eos_token_id));
       if (extra.bosTokenId == null && typeof c.bos_token_id === "number") extra.bosTokenId = c.bos_token_id;
