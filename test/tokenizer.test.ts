@@ -229,6 +229,8 @@ describe("stream decoder on a SentencePiece-style tokenizer (byte fallback, lead
 });
 
 describe("chat templates", () => {
+  // The compiled module, for the tests that render in a child process of their own.
+  const chat = pathToFileURL(join(packageRoot(), "dist", "src", "tokenizer", "chat-template.js")).href;
   const msgs: ChatMessage[] = [
     { role: "system", content: "You are terse." },
     { role: "user", content: "Hi!" },
@@ -305,7 +307,6 @@ describe("chat templates", () => {
     // Both templates aborted the whole process with "FATAL ERROR: Reached heap limit" when they
     // were rendered on a worker thread with resourceLimits (nodejs/node#47224). Run in a child
     // so that a regression fails this test instead of killing the test runner.
-    const chat = pathToFileURL(join(packageRoot(), "dist", "src", "tokenizer", "chat-template.js")).href;
     const fatal = ["{% set ns = namespace(x=range(1000000)) %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}{% endfor %}", "{{ (range(20000000) | list) | length }}"];
     const code =
       `import { renderChat } from ${JSON.stringify(chat)};\n` +
@@ -320,7 +321,6 @@ describe("chat templates", () => {
   });
 
   test("a render process whose parent is killed mid-render ends within seconds (Linux)", async () => {
-    const chat = pathToFileURL(join(packageRoot(), "dist", "src", "tokenizer", "chat-template.js")).href;
     const slow = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}x";
     const code = `import { renderChat } from ${JSON.stringify(chat)}; renderChat([{ role: "user", content: "Hi!" }], { template: ${JSON.stringify(slow)}, timeLimitMs: 600000 });`;
     const parent = spawn(process.execPath, ["--input-type=module", "-e", code], { stdio: "ignore" });
@@ -359,7 +359,6 @@ describe("chat templates", () => {
   });
 
   test("the sandbox works in a process run with --input-type=module (its worker used to inherit the flag and never start)", () => {
-    const chat = pathToFileURL(join(packageRoot(), "dist", "src", "tokenizer", "chat-template.js")).href;
     const code = `import { renderChat } from ${JSON.stringify(chat)}; console.log(renderChat([{ role: "user", content: "Hi!" }], { template: "[{{ messages[0].content }}]" }));`;
     const r = spawnSync(process.execPath, ["--input-type=module", "-e", code], { encoding: "utf8", timeout: 20_000 });
     expect(r.stderr).toBe("");

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { Model } from "../../dist/src/engine/model.js";
 import { LogitsMode } from "../../dist/src/engine/native.js";
+import { contextWith } from "../lib/context.js";
 import { benchModel } from "../lib/models.js";
 
 const { values: opts } = parseArgs({
@@ -35,9 +36,8 @@ if (opts["ncu-args"]) {
   process.exit(0);
 }
 
-process.env.DKI_CUDA_GRAPHS = "0";  // read when the context is made
 const model = await Model.load(dir, { device: opts.smoke ? "cpu" : "cuda", contextSize: 64 });
-const ctx = model.createContext(64);
+const ctx = contextWith(model, { DKI_CUDA_GRAPHS: "0" }, 64);
 await ctx.eval(Int32Array.from({ length: 16 }, (_, i) => 100 + i), LogitsMode.None);
 for (let i = 0; i < steps; i++) await ctx.eval(Int32Array.of(7 + i), LogitsMode.Last);
 ctx.dispose();

@@ -8,7 +8,8 @@
 # steps alone (the build always runs, incrementally), so a run can be split across calls of a
 # limited length. The ncu step runs only when named: Nsight Compute's DRAM throughput, warps
 # active, registers and stall reasons for each kernel of one decode layer of llama-1b
-# (NCU_MODEL), from bench/gpu/ncu-decode.js, into $OUT/logs/ncu-<model>.txt (build/logs/ without OUT). With OUT set (the device tool's output folder), the bench/results files this run
+# (NCU_MODEL), from bench/gpu/ncu-decode.js, into $OUT/logs/ncu-<model>.txt (build/logs/
+# without OUT). With OUT set (the device tool's output folder), the bench/results files this run
 # wrote and a log of each step are copied there on exit, even after a failure or a timeout's TERM;
 # calls append to one log, so `timeout 300 run.sh --only tests; timeout 120 run.sh --only cache`
 # bounds each step.

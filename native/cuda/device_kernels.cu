@@ -279,11 +279,6 @@ __device__ __forceinline__ void dot_q8(const unsigned char* wr, int cols, const 
   }
 }
 
-// Bytes of one row of W.
-__device__ __forceinline__ size_t row_bytes(const DeviceMatrix& W) {
-  return W.dtype == DType::Q8_0 ? size_t(W.cols / kQ8Block) * kQ8BlockBytes : size_t(W.cols) * (W.dtype == DType::F32 ? 4 : 2);
-}
-
 // Row r of W (any dtype) with the T input rows, summed over the warp: every lane gets the sums.
 // ss, when not null, receives Σ x[t]² in ss[t], for a folded RMSNorm: the warp reads every column
 // of x once anyway, so the norm costs no pass of its own over the input.
@@ -301,7 +296,7 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& W, int r, const floa
   } else if (W.dtype == DType::F16 && vec8) {
     dot_half<__half, T>(static_cast<const __half*>(W.data) + off, W.cols, x, g, lane, acc, ss);
   } else if (W.dtype == DType::Q8_0) {
-    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * row_bytes(W), W.cols, x, g, lane, acc, ss);
+    dot_q8<T>(static_cast<const unsigned char*>(W.data) + size_t(r) * (W.cols / kQ8Block) * kQ8BlockBytes, W.cols, x, g, lane, acc, ss);
   } else {
     for (int c = lane; c < W.cols; c += 32) {
       const float w = load_element(W.data, W.dtype, off + c) * (g ? g[c] : 1.f);
