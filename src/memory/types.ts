@@ -1,0 +1,146 @@
+// The memory layer's public types: the contract the DKI system and the RAG baseline build on.
+// Scope (userId, sessionId) always comes from the API's own arguments, never from metadata:
+// a caller's metadata cannot move a record to another user (mem0's known failure, designed out).
+
+/** JSON-serialisable metadata a caller attaches to a record. */
+export type Metadata = { [key: string]: JsonValue };
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/** Turns texts into unit-length vectors. `id` names the model and its settings: vectors of two ids are never mixed. */
+export interface Embedder {
+  readonly id: string;
+  readonly dim: number;
+  embed(texts: string[]): Promise<Float32Array[]>;
+}
+
+export interface Memory {
+  id: string;
+  userId: string;
+  sessionId?: string;
+  text: string;
+  metadata: Metadata;
+  createdAt: number; // ms since the epoch
+  updatedAt: number;
+  active: boolean;
+}
+
+export interface Preference {
+  id: string;
+  userId: string;
+  text: string;
+  type: string;
+  priority: number; // higher first
+  category?: string;
+  active: boolean;
+  createdAt: number;
+  updatedAt: number;
+}
+
+export type Role = "user" | "assistant" | "system";
+
+export interface ConversationTurn {
+  id: string;
+  userId: string;
+  sessionId: string;
+  role: Role;
+  content: string; // the user's original query, never an assembled prompt
+  injectionMode?: string; // "dki" | "rag" | "none" | …
+  alpha?: number;
+  memoryIds: string[];
+  latencyMs?: number;
+  createdAt: number;
+}
+
+export interface AuditEntry {
+  id: string;
+  at: number;
+  action: string;
+  userId: string;
+  sessionId?: string;
+  memoryIds: string[];
+  alpha?: number;
+  mode?: string;
+  metadata: Metadata;
+}
+
+/** Per-signal scores of one search result, each in [0, 1] (0 when the signal did not find it). */
+export interface SearchSignals {
+  dense: number;
+  bm25: number;
+  recency: number;
+}
+
+export interface SearchResult {
+  memory: Memory;
+  score: number;
+  signals: SearchSignals;
+}
+
+/** A metadata filter: `{ eq: { key: value } }`, `{ in: { key: [values] } }`, `{ and: [...] }`, `{ or: [...] }`. */
+export type Filter =
+  | { eq: { [key: string]: JsonValue } }
+  | { in: { [key: string]: JsonValue[] } }
+  | { and: Filter[] }
+  | { or: Filter[] };
+
+export interface SearchOptions {
+  userId: string;
+  sessionId?: string;
+  limit?: number; // default 5
+  filter?: Filter;
+  minScore?: number;
+}
+
+export interface AddMemoryOptions {
+  userId: string;
+  sessionId?: string;
+  metadata?: Metadata;
+}
+
+/** What one chat turn writes, all in one transaction: the user row, the assistant row and the audit row. */
+export interface TurnRecord {
+  userId: string;
+  sessionId: string;
+  query: string; // the user's original query, never the assembled prompt
+  response: string;
+  injectionMode: string; // "dki" | "rag" | "none"
+  alpha?: number;
+  memoryIds: string[];
+  latencyMs: number;
+  auditAction: string; // e.g. "dki_generate", "rag_generate"
+  auditMetadata?: Metadata;
+}
+
+/**
+ * The surface of `MemoryStore` (src/memory/memory-store.ts) that the DKI system and the RAG
+ * baseline use. Every call takes its scope as arguments; ids of another user read as "not found".
+ */
+export interface MemoryStoreApi {
+  readonly embedder: Embedder;
+  readonly memories: {
+    add(input: string | { role: Role; content: string }[], opts: AddMemoryOptions): Promise<Memory[]>;
+    search(query: string, opts: SearchOptions): Promise<SearchResult[]>;
+    get(id: string, scope: { userId: string }): Promise<Memory | undefined>;
+    getAll(opts: { userId: string; sessionId?: string; filter?: Filter }): Promise<Memory[]>;
+    update(id: string, text: string, scope: { userId: string }): Promise<Memory>;
+    delete(id: string, scope: { userId: string }): Promise<void>;
+    history(id: string, scope: { userId: string }): Promise<AuditEntry[]>;
+  };
+  readonly preferences: {
+    add(text: string, opts: { userId: string; type: string; priority?: number; category?: string }): Promise<Preference>;
+    /** Active preferences first by priority (highest first), then by creation time. */
+    list(scope: { userId: string; includeInactive?: boolean }): Promise<Preference[]>;
+    update(id: string, patch: Partial<Pick<Preference, "text" | "type" | "priority" | "category" | "active">>, scope: { userId: string }): Promise<Preference>;
+    delete(id: string, scope: { userId: string }): Promise<void>;
+  };
+  readonly conversations: {
+    /** A session's turns, oldest first. */
+    list(scope: { userId: string; sessionId: string; limit?: number }): Promise<ConversationTurn[]>;
+    /** Writes the user row, the assistant row and the audit row of one turn in one transaction. */
+    recordTurn(turn: TurnRecord): Promise<{ userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry }>;
+  };
+  readonly audit: {
+    list(scope: { userId: string; sessionId?: string; action?: string }): Promise<AuditEntry[]>;
+  };
+  close(): Promise<void>;
+}
