@@ -1,0 +1,180 @@
+// A BERT encoder with random weights as an ONNX graph, in the layout of the sentence-transformers
+// exports (inputs input_ids / attention_mask / token_type_ids, output last_hidden_state), small
+// enough to generate in every test run. The weights come back too, so a test can recompute the
+// same network independently.
+import { DataType, writeOnnxModel, type OnnxNode, type OnnxTensor } from "./onnx-writer.js";
+import { prng } from "./prng.js";
+
+export interface TinyBertConfig {
+  vocab: number;
+  hidden: number;
+  heads: number;
+  intermediate: number;
+  layers: number;
+  maxPositions: number;
+  typeVocab: number;
+  eps: number;
+}
+
+export interface TinyBertLayer {
+  wq: Float32Array; bq: Float32Array; // [hidden, hidden] (input-major: y = x·W + b), [hidden]
+  wk: Float32Array; bk: Float32Array;
+  wv: Float32Array; bv: Float32Array;
+  wo: Float32Array; bo: Float32Array;
+  ln1g: Float32Array; ln1b: Float32Array;
+  w1: Float32Array; b1: Float32Array; // [hidden, intermediate]
+  w2: Float32Array; b2: Float32Array; // [intermediate, hidden]
+  ln2g: Float32Array; ln2b: Float32Array;
+}
+
+export interface TinyBertWeights {
+  config: TinyBertConfig;
+  wordEmb: Float32Array; // [vocab, hidden]
+  posEmb: Float32Array; // [maxPositions, hidden]
+  typeEmb: Float32Array; // [typeVocab, hidden]
+  embLnG: Float32Array;
+  embLnB: Float32Array;
+  layers: TinyBertLayer[];
+}
+
+export interface TinyBertOptions {
+  seed?: number;
+  /** Declare the token_type_ids input (default true); real exports differ here. */
+  tokenTypeIds?: boolean;
+  config?: Partial<TinyBertConfig>;
+}
+
+export const TINY_BERT_DEFAULTS: TinyBertConfig = {
+  vocab: 30522, // the real MiniLM / bert-base-uncased vocabulary, so real token ids are valid
+  hidden: 32,
+  heads: 2,
+  intermediate: 64,
+  layers: 2,
+  maxPositions: 64,
+  typeVocab: 2,
+  eps: 1e-12,
+};
+
+export function tinyBertWeights(seed: number, config: TinyBertConfig): TinyBertWeights {
+  const rand = prng(seed);
+  const uniform = (n: number, scale: number) => Float32Array.from({ length: n }, () => (rand() * 2 - 1) * scale);
+  const around = (n: number, centre: number, spread: number) => Float32Array.from({ length: n }, () => centre + (rand() * 2 - 1) * spread);
+  const { hidden: h, intermediate: inter } = config;
+  // Scales keep pre-activations of order 1, so softmax and GELU work away from saturation.
+  const wScale = 1.5 / Math.sqrt(h);
+  const layer = (): TinyBertLayer => ({
+    wq: uniform(h * h, wScale), bq: uniform(h, 0.1),
+    wk: uniform(h * h, wScale), bk: uniform(h, 0.1),
+    wv: uniform(h * h, wScale), bv: uniform(h, 0.1),
+    wo: uniform(h * h, wScale), bo: uniform(h, 0.1),
+    ln1g: around(h, 1, 0.2), ln1b: uniform(h, 0.1),
+    w1: uniform(h * inter, wScale), b1: uniform(inter, 0.1),
+    w2: uniform(inter * h, 1.5 / Math.sqrt(inter)), b2: uniform(h, 0.1),
+    ln2g: around(h, 1, 0.2), ln2b: uniform(h, 0.1),
+  });
+  return {
+    config,
+    wordEmb: uniform(config.vocab * h, 1),
+    posEmb: uniform(config.maxPositions * h, 0.5),
+    typeEmb: uniform(config.typeVocab * h, 0.5),
+    embLnG: around(h, 1, 0.2),
+    embLnB: uniform(h, 0.1),
+    layers: Array.from({ length: config.layers }, layer),
+  };
+}
+
+/** The ONNX model of `weights` (opset 17: LayerNormalization, Erf-based GELU). */
+export function tinyBertOnnx(weights: TinyBertWeights, opts: { tokenTypeIds?: boolean } = {}): Uint8Array {
+  const { config: c } = weights;
+  const withTypes = opts.tokenTypeIds ?? true;
+  const headDim = c.hidden / c.heads;
+  const nodes: OnnxNode[] = [];
+  const inits: OnnxTensor[] = [];
+  const f32 = (name: string, dims: number[], data: ArrayLike<number>) => inits.push({ name, dims, type: DataType.FLOAT, data });
+  const i64 = (name: string, dims: number[], data: number[]) => inits.push({ name, dims, type: DataType.INT64, data });
+  const node = (op: string, inputs: string[], output: string, attributes?: OnnxNode["attributes"]) => {
+    nodes.push({ op, inputs, outputs: [output], attributes });
+    return output;
+  };
+  const layerNorm = (x: string, g: string, b: string, out: string) =>
+    node("LayerNormalization", [x, g, b], out, { axis: { kind: "int", value: -1 }, epsilon: { kind: "float", value: c.eps } });
+  const linear = (x: string, w: string, b: string, out: string) => node("Add", [node("MatMul", [x, w], `${out}_mm`), b], out);
+
+  // Embeddings: word + position + token type, then LayerNorm.
+  f32("word_emb", [c.vocab, c.hidden], weights.wordEmb);
+  f32("pos_emb", [c.maxPositions, c.hidden], weights.posEmb);
+  f32("type_emb", [c.typeVocab, c.hidden], weights.typeEmb);
+  f32("emb_ln_g", [c.hidden], weights.embLnG);
+  f32("emb_ln_b", [c.hidden], weights.embLnB);
+  i64("zero", [], [0]);
+  i64("one", [], [1]);
+  const shape = node("Shape", ["input_ids"], "ids_shape");
+  const seqLen = node("Gather", [shape, "one"], "seq_len", { axis: { kind: "int", value: 0 } });
+  const positions = node("Range", ["zero", seqLen, "one"], "positions");
+  const word = node("Gather", ["word_emb", "input_ids"], "word_e", { axis: { kind: "int", value: 0 } });
+  const pos = node("Gather", ["pos_emb", positions], "pos_e", { axis: { kind: "int", value: 0 } });
+  let emb = node("Add", [word, pos], "wp_e");
+  if (withTypes) emb = node("Add", [emb, node("Gather", ["type_emb", "token_type_ids"], "type_e", { axis: { kind: "int", value: 0 } })], "wpt_e");
+  else {
+    // Models without the input use token type 0 throughout, as BertModel does by default.
+    f32("type0", [c.hidden], weights.typeEmb.subarray(0, c.hidden));
+    emb = node("Add", [emb, "type0"], "wpt_e");
+  }
+  let x = layerNorm(emb, "emb_ln_g", "emb_ln_b", "emb_out");
+
+  // Attention mask → additive bias [batch, 1, 1, seq]: 0 where attended, -10000 where padded.
+  f32("neg_big", [], [-10000]);
+  f32("f_one", [], [1]);
+  i64("bias_axes", [2], [1, 2]);
+  const maskF = node("Cast", ["attention_mask"], "mask_f", { to: { kind: "int", value: DataType.FLOAT } });
+  const bias2 = node("Mul", [node("Sub", ["f_one", maskF], "mask_inv"), "neg_big"], "mask_bias2");
+  const bias = node("Unsqueeze", [bias2, "bias_axes"], "mask_bias");
+
+  i64("heads_shape", [4], [0, 0, c.heads, headDim]);
+  i64("merge_shape", [3], [0, 0, c.hidden]);
+  f32("scale", [], [1 / Math.sqrt(headDim)]);
+  f32("half", [], [0.5]);
+  f32("inv_sqrt2", [], [Math.SQRT1_2]);
+  weights.layers.forEach((L, l) => {
+    const p = `l${l}_`;
+    const params: [string, number[], Float32Array][] = [
+      ["wq", [c.hidden, c.hidden], L.wq], ["bq", [c.hidden], L.bq],
+      ["wk", [c.hidden, c.hidden], L.wk], ["bk", [c.hidden], L.bk],
+      ["wv", [c.hidden, c.hidden], L.wv], ["bv", [c.hidden], L.bv],
+      ["wo", [c.hidden, c.hidden], L.wo], ["bo", [c.hidden], L.bo],
+      ["ln1g", [c.hidden], L.ln1g], ["ln1b", [c.hidden], L.ln1b],
+      ["w1", [c.hidden, c.intermediate], L.w1], ["b1", [c.intermediate], L.b1],
+      ["w2", [c.intermediate, c.hidden], L.w2], ["b2", [c.hidden], L.b2],
+      ["ln2g", [c.hidden], L.ln2g], ["ln2b", [c.hidden], L.ln2b],
+    ];
+    for (const [n, dims, data] of params) f32(p + n, dims, data);
+    // [batch, seq, hidden] → [batch, heads, seq, headDim] (K: [batch, heads, headDim, seq]).
+    const split = (t: string, perm: number[], out: string) =>
+      node("Transpose", [node("Reshape", [t, "heads_shape"], `${out}_r`)], out, { perm: { kind: "ints", value: perm } });
+    const q = split(linear(x, p + "wq", p + "bq", p + "q"), [0, 2, 1, 3], p + "qh");
+    const k = split(linear(x, p + "wk", p + "bk", p + "k"), [0, 2, 3, 1], p + "kh");
+    const v = split(linear(x, p + "wv", p + "bv", p + "v"), [0, 2, 1, 3], p + "vh");
+    const scores = node("Add", [node("Mul", [node("MatMul", [q, k], p + "qk"), "scale"], p + "qk_s"), bias], p + "scores");
+    const probs = node("Softmax", [scores], p + "probs", { axis: { kind: "int", value: -1 } });
+    const ctx = node("Transpose", [node("MatMul", [probs, v], p + "ctx_h")], p + "ctx_t", { perm: { kind: "ints", value: [0, 2, 1, 3] } });
+    const merged = node("Reshape", [ctx, "merge_shape"], p + "ctx");
+    const attnOut = linear(merged, p + "wo", p + "bo", p + "attn");
+    const x1 = layerNorm(node("Add", [attnOut, x], p + "res1"), p + "ln1g", p + "ln1b", p + "x1");
+    // GELU, exact form: 0.5·h·(1 + erf(h/√2)).
+    const hid = linear(x1, p + "w1", p + "b1", p + "ffn_h");
+    const erf = node("Erf", [node("Mul", [hid, "inv_sqrt2"], p + "h_s")], p + "erf");
+    const gelu = node("Mul", [node("Mul", [hid, "half"], p + "h_half"), node("Add", [erf, "f_one"], p + "erf1")], p + "gelu");
+    const ffnOut = linear(gelu, p + "w2", p + "b2", p + "ffn_o");
+    x = layerNorm(node("Add", [ffnOut, x1], p + "res2"), p + "ln2g", p + "ln2b", p + "x2");
+  });
+  nodes.push({ op: "Identity", inputs: [x], outputs: ["last_hidden_state"] });
+
+  const tokenInput = (name: string) => ({ name, type: DataType.INT64, shape: ["batch", "sequence"] });
+  return writeOnnxModel({
+    name: "tiny_bert",
+    nodes,
+    initializers: inits,
+    inputs: [tokenInput("input_ids"), tokenInput("attention_mask"), ...(withTypes ? [tokenInput("token_type_ids")] : [])],
+    outputs: [{ name: "last_hidden_state", type: DataType.FLOAT, shape: ["batch", "sequence", c.hidden] }],
+  });
+}
