@@ -1,0 +1,174 @@
+// Knowledge-base parsing and chunking: the parsers on real files of each type (a PDF built here
+// byte by byte with a correct xref table), and chunking's invariants on the real SmolLM2 tokenizer.
+import { beforeAll, describe, expect, test } from "vitest";
+import { chunkDocument } from "../src/rag/kb/chunk.js";
+import { docTypeOf, htmlToText, markdownSections, parseDocument } from "../src/rag/kb/parse.js";
+import { Tokenizer } from "../src/tokenizer/tokenizer.js";
+import { smollm2Tokenizer } from "./support/paths.js";
+
+/** A minimal PDF 1.4: one page per entry, each line a Helvetica text line; xref offsets computed. */
+export function makePdf(pages: string[][], title?: string): Uint8Array {
+  const esc = (s: string) => s.replace(/[\\()]/g, (c) => "\\" + c);
+  const objs: string[] = [];
+  const n = pages.length;
+  const fontId = 3 + 2 * n;
+  objs.push(`<< /Type /Catalog /Pages 2 0 R >>`);
+  objs.push(`<< /Type /Pages /Kids [${pages.map((_, i) => `${3 + 2 * i} 0 R`).join(" ")}] /Count ${n} >>`);
+  pages.forEach((lines, i) => {
+    const content = `BT /F1 12 Tf 14 TL 72 720 Td ${lines.map((l) => `(${esc(l)}) Tj T*`).join(" ")} ET`;
+    objs.push(`<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents ${4 + 2 * i} 0 R /Resources << /Font << /F1 ${fontId} 0 R >> >> >>`);
+    objs.push(`<< /Length ${Buffer.byteLength(content, "latin1")} >>\nstream\n${content}\nendstream`);
+  });
+  objs.push(`<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>`);
+  if (title !== undefined) objs.push(`<< /Title (${esc(title)}) >>`);
+  let out = "%PDF-1.4\n";
+  const offsets: number[] = [];
+  objs.forEach((o, i) => {
+    offsets.push(Buffer.byteLength(out, "latin1"));
+    out += `${i + 1} 0 obj\n${o}\nendobj\n`;
+  });
+  const xref = Buffer.byteLength(out, "latin1");
+  out += `xref\n0 ${objs.length + 1}\n0000000000 65535 f \n` + offsets.map((o) => `${String(o).padStart(10, "0")} 00000 n \n`).join("");
+  out += `trailer\n<< /Size ${objs.length + 1} /Root 1 0 R${title !== undefined ? ` /Info ${objs.length} 0 R` : ""} >>\nstartxref\n${xref}\n%%EOF\n`;
+  return new Uint8Array(Buffer.from(out, "latin1"));
+}
+
+let tok: Tokenizer;
+beforeAll(async () => {
+  tok = await Tokenizer.fromFolder(smollm2Tokenizer);
+});
+
+const enc = (s: string) => new Uint8Array(Buffer.from(s, "utf8"));
+
+describe("parsers", () => {
+  test("file types by extension; an unsupported one is named with the supported list", () => {
+    expect(docTypeOf("a/b/Notes.MD")).toBe("markdown");
+    expect(docTypeOf("x.htm")).toBe("html");
+    expect(docTypeOf("x.pdf")).toBe("pdf");
+    expect(docTypeOf("x.txt")).toBe("text");
+    expect(() => docTypeOf("report.docx")).toThrow(/report\.docx: unsupported document type "\.docx"; supported: .*\.md/);
+    expect(() => docTypeOf("Makefile")).toThrow(/\(no extension\)/);
+  });
+
+  test("PDF: text of each page, in order, with page sections and the title", async () => {
+    const pdf = makePdf([["Chapter one (intro)", "The quick brown fox."], ["Second page: jumps over", "the lazy dog."]], "Fox Report");
+    const d = await parseDocument(pdf, "pdf", "fox.pdf");
+    expect(d.title).toBe("Fox Report");
+    expect(d.sections.map((s) => s.page)).toEqual([1, 2]);
+    const p1 = d.text.slice(d.sections[0].start, d.sections[0].end);
+    const p2 = d.text.slice(d.sections[1].start, d.sections[1].end);
+    expect(p1.replace(/\s+/g, " ")).toBe("Chapter one (intro) The quick brown fox.");
+    expect(p2.replace(/\s+/g, " ")).toBe("Second page: jumps over the lazy dog.");
+  });
+
+  test("PDF that fails to parse, and one with no text, are errors naming the file", async () => {
+    const good = makePdf([["hello"]]);
+    const corrupt = good.slice(0, 40);
+    await expect(parseDocument(corrupt, "pdf", "broken.pdf")).rejects.toThrow(/broken\.pdf: is not a readable PDF/);
+    await expect(parseDocument(enc("this is not a pdf at all"), "pdf", "fake.pdf")).rejects.toThrow(/fake\.pdf: is not a readable PDF/);
+    await expect(parseDocument(makePdf([[]]), "pdf", "blank.pdf")).rejects.toThrow(/blank\.pdf: has no extractable text/);
+  });
+
+  test("text: empty, whitespace-only and binary files are refused by name", async () => {
+    await expect(parseDocument(new Uint8Array(0), "text", "e.txt")).rejects.toThrow(/e\.txt: is empty/);
+    await expect(parseDocument(enc(" \n\t\n"), "markdown", "w.md")).rejects.toThrow(/w\.md: has no text/);
+    await expect(parseDocument(new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0xff, 0xfe]), "text", "img.txt")).rejects.toThrow(/img\.txt: is not UTF-8 text/);
+    await expect(parseDocument(enc("abc\u0000def"), "text", "nul.txt")).rejects.toThrow(/nul\.txt: holds NUL bytes/);
+    const d = await parseDocument(enc("\uFEFFhello"), "text", "bom.txt");
+    expect(d.text).toBe("hello");
+  });
+
+  test("Markdown: heading paths (ATX and setext), none from inside code fences", () => {
+    const md = "intro line\n\n# Guide\ntext a\n## Install\nrun it\n```\n# not a heading\n```\n### Linux\napt\n## Use\nUsage\n-----\nmore\n# Other\nend\n";
+    const s = markdownSections(md);
+    const view = s.map((x) => [x.headingPath.join(" > "), md.slice(x.start, x.end).split("\n")[0]]);
+    expect(view).toEqual([
+      ["", "intro line"],
+      ["Guide", "# Guide"],
+      ["Guide > Install", "## Install"],
+      ["Guide > Install > Linux", "### Linux"],
+      ["Guide > Use", "## Use"],
+      ["Guide > Usage", "Usage"], // a setext "---" heading is level 2: it closes "Use",
+      ["Other", "# Other"],
+    ]);
+    expect(s[s.length - 1].end).toBe(md.length);
+  });
+
+  test("HTML: scripts and styles dropped, blocks as paragraphs, headings as sections", () => {
+    const html = `<html><head><title>Cafe guide</title><style>p{color:red}</style></head><body>
+      <script>var secret = 1;</script>
+      <h1>Beijing</h1><p>Vegetarian   places in <b>Chaoyang</b>.</p>
+      <h2>Budget</h2><ul><li>100 yuan</li><li>200 yuan</li></ul>
+      <p>line one<br>line two</p></body></html>`;
+    const r = htmlToText(html);
+    expect(r.title).toBe("Cafe guide");
+    expect(r.text).not.toMatch(/secret|color/);
+    expect(r.text).toBe("Beijing\n\nVegetarian places in Chaoyang.\n\nBudget\n\n100 yuan\n\n200 yuan\n\nline one\nline two");
+    expect(r.sections.map((x) => x.headingPath)).toEqual([["Beijing"], ["Beijing", "Budget"]]);
+    expect(r.text.slice(r.sections[1].start, r.sections[1].start + 6)).toBe("Budget");
+  });
+});
+
+describe("chunking (SmolLM2 tokenizer)", () => {
+  const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(" ");
+
+  test("windows of 512 tokens overlapping by 64; offsets point at the chunk text; the whole text is covered", async () => {
+    const text = words(1500, "w") + "\n\n" + "北京是中国的首都，有很多素食餐厅。".repeat(60);
+    const doc = await parseDocument(enc(text), "text", "long.txt");
+    const chunks = chunkDocument(tok, doc);
+    expect(chunks.length).toBeGreaterThan(3);
+    for (const c of chunks) {
+      expect(doc.text.slice(c.start, c.end)).toBe(c.text);
+      expect(c.tokenCount).toBeLessThanOrEqual(512 + 128);
+      // The token count is the slice's own, within the few tokens that re-tokenising a cut can move.
+      expect(Math.abs(tok.encode(c.text, { addSpecialTokens: false }).length - c.tokenCount)).toBeLessThanOrEqual(3);
+    }
+    for (let i = 1; i < chunks.length; i++) {
+      expect(chunks[i].start).toBeLessThan(chunks[i - 1].end); // overlap
+      const shared = tok.encode(doc.text.slice(chunks[i].start, chunks[i - 1].end), { addSpecialTokens: false }).length;
+      expect(shared).toBeGreaterThanOrEqual(60);
+      expect(shared).toBeLessThanOrEqual(68);
+    }
+    expect(chunks[0].start).toBe(0);
+    expect(chunks[chunks.length - 1].end).toBe(doc.text.length);
+    // No chunk cuts a Chinese character in half (a slice would hold U+FFFD otherwise).
+    expect(chunks.some((c) => c.text.includes("\uFFFD"))).toBe(false);
+  });
+
+  test("a short tail merges into the chunk before it", async () => {
+    const t = words(2000, "x");
+    const n = tok.encode(t, { addSpecialTokens: false }).length;
+    const doc = await parseDocument(enc(t), "text", "t.txt");
+    const opts = { chunkTokens: 100, overlapTokens: 10 };
+    const chunks = chunkDocument(tok, doc, opts);
+    const last = chunks[chunks.length - 1];
+    const prev = chunks[chunks.length - 2];
+    const newInLast = n - (chunks.length - 1) * 90;
+    // Either the tail was big enough to stand alone, or it was merged (the last chunk is longer than 100).
+    if (newInLast < 25 + 10) expect(last.tokenCount).toBeGreaterThan(100);
+    expect(last.tokenCount - 10).toBeGreaterThanOrEqual(25 - 10);
+    expect(prev.tokenCount).toBe(100);
+    // A text whose tail is 5 tokens: merged, so there is no 15-token chunk.
+    const exact = tok.decode(tok.encode(t, { addSpecialTokens: false }).slice(0, 90 * 3 + 10 + 5));
+    const c2 = chunkDocument(tok, await parseDocument(enc(exact), "text", "e.txt"), opts);
+    expect(c2.map((c) => c.tokenCount)).toEqual([100, 100, 105]);
+  });
+
+  test("Markdown chunks carry their heading path and never span two sections", async () => {
+    const md = `# Guide\n${words(300, "g")}\n## Install\n${words(30, "i")}\n## Use\n${words(200, "u")}\n`;
+    const doc = await parseDocument(enc(md), "markdown", "g.md");
+    const chunks = chunkDocument(tok, doc, { chunkTokens: 128, overlapTokens: 16 });
+    for (const c of chunks) {
+      const sec = doc.sections.find((s) => c.start >= s.start && c.end <= s.end);
+      expect(sec).toBeDefined();
+      expect(c.headingPath).toEqual(sec!.headingPath);
+    }
+    expect(new Set(chunks.map((c) => c.headingPath.join(">")))).toEqual(new Set(["Guide", "Guide>Install", "Guide>Use"]));
+  });
+
+  test("bad chunk settings are refused by name", async () => {
+    const doc = await parseDocument(enc("hello"), "text", "h.txt");
+    expect(() => chunkDocument(tok, doc, { chunkTokens: 4 })).toThrow(/chunkTokens must be/);
+    expect(() => chunkDocument(tok, doc, { chunkTokens: 64, overlapTokens: 64 })).toThrow(/overlapTokens must be/);
+  });
+});
