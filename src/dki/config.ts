@@ -1,0 +1,133 @@
+// The DKI system's settings: every constant of gating, injection, prompt building and routing,
+// with defaults, checked once when a system opens so a bad value fails there, named, and not
+// halfway through a turn.
+import { DkiArgumentError } from "../errors.js";
+import type { PositionStrategy } from "../engine/model.js";
+
+/** What each memory block is encoded behind (part of its cache key). */
+export type EncodingPrefix = "none" | "bos" | "bos+system";
+
+/** Order of the memory blocks after the preference block: "score" (most relevant first) or "time" (oldest first). */
+export type MemoryOrder = "score" | "time";
+
+export type HistoryLanguageSetting = "auto" | "cn" | "en";
+
+export interface GatingConfig {
+  /** τ: the top-1 fused score a memory needs to be injected at all. */
+  relevanceThreshold: number;
+  /** The top-1/top-2 margin needed besides (0: none). */
+  minMargin: number;
+  /** w_H: weight of the normalised entropy (Ĥ − ½). */
+  entropyWeight: number;
+  /** w_r: weight of (s₁ − τ). */
+  relevanceWeight: number;
+  /** w_m: weight of the margin (s₁ − s₂). */
+  marginWeight: number;
+  alphaMin: number;
+  alphaMax: number;
+  /** Segments with α below this are not injected (the engine's cut-off; the output is then the plain model's). */
+  alphaThreshold: number;
+}
+
+export interface DKIConfig {
+  gating: GatingConfig;
+  /** Memories routed to a turn at most (the search's limit). */
+  maxMemories: number;
+  /** Memory tokens injected per turn at most; memories past it are left out, in routing order. */
+  memoryMaxTokens: number;
+  memoryOrder: MemoryOrder;
+  positions: PositionStrategy;
+  encodingPrefix: EncodingPrefix;
+  preferenceEnabled: boolean;
+  preferenceAlpha: number;
+  /** Preference lines kept, in priority order, while their tokens fit in this. */
+  preferenceMaxTokens: number;
+  historyEnabled: boolean;
+  historyMaxTokens: number;
+  historyMaxMessages: number;
+  historyLanguage: HistoryLanguageSetting;
+  /** Tokens kept free for the answer: the history is dropped when the prompt would leave fewer. */
+  generationReserve: number;
+  /** "auto": the model's chat template when its tokenizer has one; "never": the plain `User: …` form. */
+  chatTemplate: "auto" | "never";
+  /** Default system prompt (a turn's own systemPrompt replaces it). */
+  systemPrompt?: string;
+}
+
+export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
+  relevanceThreshold: 0.3,
+  minMargin: 0,
+  entropyWeight: 2,
+  relevanceWeight: 6,
+  marginWeight: 2,
+  alphaMin: 0,
+  alphaMax: 1,
+  alphaThreshold: 0.1,
+});
+
+export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze({
+  maxMemories: 3,
+  memoryMaxTokens: 1024,
+  memoryOrder: "score",
+  positions: "negative",
+  encodingPrefix: "bos",
+  preferenceEnabled: true,
+  preferenceAlpha: 0.4,
+  preferenceMaxTokens: 100,
+  historyEnabled: true,
+  historyMaxTokens: 500,
+  historyMaxMessages: 10,
+  historyLanguage: "auto",
+  generationReserve: 512,
+  chatTemplate: "auto",
+});
+
+/** A caller's partial settings: any field may be left out, gating's too. */
+export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Partial<GatingConfig> };
+
+/** Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one. */
+export function resolveConfig(input: DKIConfigInput = {}): DKIConfig {
+  if (input === null || typeof input !== "object") throw new DkiArgumentError(`config must be an object, got ${String(input)}`);
+  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}) } };
+  const g = c.gating;
+  const finite = (name: string, v: unknown) => {
+    if (typeof v !== "number" || !Number.isFinite(v)) throw new DkiArgumentError(`config.${name} must be a finite number, got ${shown(v)}`);
+  };
+  const unit = (name: string, v: unknown) => {
+    finite(name, v);
+    if ((v as number) < 0 || (v as number) > 1) throw new DkiArgumentError(`config.${name} must be in [0, 1], got ${shown(v)}`);
+  };
+  const count = (name: string, v: unknown, min = 0) => {
+    if (!Number.isSafeInteger(v) || (v as number) < min) throw new DkiArgumentError(`config.${name} must be an integer >= ${min}, got ${shown(v)}`);
+  };
+  const choice = (name: string, v: unknown, choices: readonly string[]) => {
+    if (!choices.includes(v as string)) throw new DkiArgumentError(`config.${name} must be one of ${choices.map((x) => JSON.stringify(x)).join(", ")}, got ${shown(v)}`);
+  };
+  for (const k of ["relevanceThreshold", "minMargin", "entropyWeight", "relevanceWeight", "marginWeight"] as const) finite(`gating.${k}`, g[k]);
+  unit("gating.alphaMin", g.alphaMin);
+  unit("gating.alphaMax", g.alphaMax);
+  if (g.alphaMin > g.alphaMax) throw new DkiArgumentError(`config.gating.alphaMin (${g.alphaMin}) is above config.gating.alphaMax (${g.alphaMax})`);
+  finite("gating.alphaThreshold", g.alphaThreshold);
+  if (g.alphaThreshold < 0) throw new DkiArgumentError(`config.gating.alphaThreshold must be >= 0, got ${g.alphaThreshold}`);
+  count("maxMemories", c.maxMemories);
+  count("memoryMaxTokens", c.memoryMaxTokens);
+  choice("memoryOrder", c.memoryOrder, ["score", "time"]);
+  choice("positions", c.positions, ["negative", "prefix"]);
+  choice("encodingPrefix", c.encodingPrefix, ["none", "bos", "bos+system"]);
+  if (typeof c.preferenceEnabled !== "boolean") throw new DkiArgumentError(`config.preferenceEnabled must be true or false, got ${shown(c.preferenceEnabled)}`);
+  finite("preferenceAlpha", c.preferenceAlpha);
+  if (c.preferenceAlpha < 0) throw new DkiArgumentError(`config.preferenceAlpha must be >= 0, got ${c.preferenceAlpha}`);
+  count("preferenceMaxTokens", c.preferenceMaxTokens);
+  if (typeof c.historyEnabled !== "boolean") throw new DkiArgumentError(`config.historyEnabled must be true or false, got ${shown(c.historyEnabled)}`);
+  count("historyMaxTokens", c.historyMaxTokens);
+  count("historyMaxMessages", c.historyMaxMessages);
+  choice("historyLanguage", c.historyLanguage, ["auto", "cn", "en"]);
+  count("generationReserve", c.generationReserve);
+  choice("chatTemplate", c.chatTemplate, ["auto", "never"]);
+  if (c.systemPrompt !== undefined && typeof c.systemPrompt !== "string") throw new DkiArgumentError(`config.systemPrompt must be a string, got ${shown(c.systemPrompt)}`);
+  return c;
+}
+
+function shown(v: unknown): string {
+  return typeof v === "string" ? JSON.stringify(v) : String(v);
+}

@@ -1,0 +1,83 @@
+// Dual-factor gating: relevance decides *whether* memories are injected, the model's uncertainty
+// on the user's query decides *how strongly*.
+//
+//   inject ⇔ s₁ ≥ τ and s₁ − s₂ ≥ minMargin
+//   α = clamp(σ(w_H·(Ĥ − ½) + w_r·(s₁ − τ) + w_m·(s₁ − s₂)), α_min, α_max)
+//
+// s₁, s₂ are the top two fused scores from the memory layer (s₂ = 0 with one result), Ĥ the
+// next-token entropy of the bare query divided by its maximum ln V, so Ĥ ∈ [0, 1] and Ĥ = ½ is
+// neutral. (The reference system fed the fully templated prompt and normalised with σ(H/10), which
+// is never below ½ and so always pushed α up.) The entropy is only measured when relevance has
+// already said yes and α is not forced: it costs a prefill of the query's n_u tokens.
+import { DkiArgumentError } from "../errors.js";
+import type { GatingConfig } from "./config.js";
+
+export interface GatingDecision {
+  /** Whether the memories are injected (false also when α fell below the injection threshold). */
+  inject: boolean;
+  /** α of the memories (0 when nothing is injected). */
+  alpha: number;
+  /** s₁: the top fused score (0 when nothing was routed). */
+  relevance: number;
+  /** s₁ − s₂. */
+  margin: number;
+  /** Ĥ, the normalised next-token entropy of the query; null when it was not needed. */
+  entropy: number | null;
+  /** Why, in words. */
+  reason: string;
+  /** α came from forceAlpha. */
+  forced: boolean;
+}
+
+export interface GatingInput {
+  /** Fused scores of the routed memories, highest first. */
+  scores: readonly number[];
+  forceAlpha?: number;
+  /** false: no K/V at all this turn. */
+  allowInjection?: boolean;
+}
+
+const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
+const f2 = (x: number) => x.toFixed(2);
+
+/** The α formula alone (no threshold, no relevance cut-off). */
+export function gateAlpha(cfg: GatingConfig, s: { relevance: number; margin: number; entropy: number }): number {
+  const z = cfg.entropyWeight * (s.entropy - 0.5) + cfg.relevanceWeight * (s.relevance - cfg.relevanceThreshold) + cfg.marginWeight * s.margin;
+  return Math.min(cfg.alphaMax, Math.max(cfg.alphaMin, sigmoid(z)));
+}
+
+/** Checks a forceAlpha given by a caller: a finite number in [0, 1]. */
+export function checkForceAlpha(v: unknown): asserts v is number | undefined {
+  if (v === undefined) return;
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > 1) throw new DkiArgumentError(`forceAlpha must be a number in [0, 1], got ${typeof v === "string" ? JSON.stringify(v) : String(v)}`);
+}
+
+/**
+ * The decision for one turn. `probeEntropy` returns Ĥ for the query; it is called at most once,
+ * and only when relevance lets the memories in and α is not forced.
+ */
+export async function decideGating(cfg: GatingConfig, input: GatingInput, probeEntropy: () => Promise<number>): Promise<GatingDecision> {
+  checkForceAlpha(input.forceAlpha);
+  const s1 = input.scores[0] ?? 0;
+  const s2 = input.scores[1] ?? 0;
+  const base = { relevance: s1, margin: s1 - s2, entropy: null, forced: false };
+  const no = (reason: string, extra: Partial<GatingDecision> = {}): GatingDecision => ({ ...base, inject: false, alpha: 0, reason, ...extra });
+  if (input.allowInjection === false) return no("injection is off for this turn (allowInjection: false)");
+  const n = input.scores.length;
+  const routed = `${n} routed memor${n === 1 ? "y" : "ies"}`;
+  if (input.forceAlpha !== undefined) {
+    const a = input.forceAlpha;
+    if (n === 0) return no(`α forced to ${f2(a)}, but no memory of this user matched the query`, { forced: true });
+    if (a < cfg.alphaThreshold || a === 0) return no(`α forced to ${f2(a)}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { forced: true });
+    return { ...base, inject: true, alpha: a, forced: true, reason: `α forced to ${f2(a)} for ${routed} (top relevance ${f2(s1)})` };
+  }
+  if (n === 0) return no("no memory of this user matched the query");
+  if (s1 < cfg.relevanceThreshold) return no(`top relevance ${f2(s1)} is below the threshold ${f2(cfg.relevanceThreshold)}: no memory injected`);
+  if (s1 - s2 < cfg.minMargin) return no(`top relevance ${f2(s1)} clears the threshold but its margin ${f2(s1 - s2)} over the next is below ${f2(cfg.minMargin)}: ambiguous, no memory injected`);
+  const h = await probeEntropy();
+  if (!Number.isFinite(h)) return no(`the model's entropy on the query is not a number (${h}): no memory injected`);
+  const alpha = gateAlpha(cfg, { relevance: s1, margin: s1 - s2, entropy: h });
+  const why = `top relevance ${f2(s1)} ≥ ${f2(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), model entropy ${f2(h)} of its maximum → α = ${f2(alpha)}`;
+  if (alpha < cfg.alphaThreshold || alpha === 0) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: h, alpha: 0 });
+  return { ...base, entropy: h, inject: true, alpha, reason: why };
+}

@@ -1,0 +1,553 @@
+// DKISystem: one chat turn as seed 003 §8 describes it, done right.
+//
+//   route    the user's memories for the query (the memory layer's fused search)
+//   prompt   active preferences → one text; session history → the trust-template suffix;
+//            System → History → Query through the chat template (history dropped if it would
+//            leave the answer less than generationReserve tokens)
+//   queue    one turn at a time on the model, round-robin over users (FairQueue)
+//   gate     relevance decides whether, the entropy of the bare query how strongly (gating.ts)
+//   assemble preference block (preferenceAlpha) then memory blocks (the gate's α), each from the
+//            tiered cache or computed there, at [−M, −1] by the engine's shift (assembly.ts)
+//   generate stream tokens; an abort cancels this turn only
+//   record   user row (the original query), assistant row, audit row: one transaction
+//
+// Preferences reach the model as K/V only, history as text only, and each segment's α is applied
+// once, by the engine. The system depends on the engine's public API (Model, TieredKVCache,
+// KVBlock) and the memory layer's MemoryStoreApi.
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import { Model, type InjectionOptions, type LoadOptions, type PositionStrategy, type Segment } from "../engine/model.js";
+import type { FinishReason, SamplingOptions } from "../engine/generate.js";
+import { TieredKVCache, type CacheBudgets, type CacheStats, type Tier } from "../cache/tiered-cache.js";
+import { DkiArgumentError } from "../errors.js";
+import type { Embedder, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import { assembleBlocks, type Assembly, type BlockSpec } from "./assembly.js";
+import { analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
+import { resolveConfig, type DKIConfig, type DKIConfigInput, type EncodingPrefix, type MemoryOrder } from "./config.js";
+import { FairQueue } from "./fair-queue.js";
+import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
+import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
+import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type TokenCounter } from "./prompt.js";
+import { routeMemories } from "./routing.js";
+
+/** Opens the memory store a system reads and writes (the memory layer's MemoryStore by default). */
+export type StoreOpener = (o: { dir: string; embedder?: Embedder }) => Promise<MemoryStoreApi>;
+
+export interface DKISystemOptions {
+  /** A loaded model (the caller keeps owning it) or a model path (the system loads and disposes it). */
+  model: Model | string;
+  /** Used when `model` is a path. */
+  loadOptions?: LoadOptions;
+  /** The memory store's folder. */
+  dataDir: string;
+  /** The K/V cache's folder (default `<dataDir>/kv-cache`). */
+  cacheDir?: string;
+  budgets?: Partial<CacheBudgets>;
+  embedder?: Embedder;
+  config?: DKIConfigInput;
+  /** Where history comes from (default: the session's recent messages, FlatHistoryProvider). */
+  history?: (store: MemoryStoreApi) => HistoryProvider;
+  /** Opens the store (default: MemoryStore.open). */
+  openStore?: StoreOpener;
+}
+
+export const DEFAULT_BUDGETS: Readonly<CacheBudgets> = Object.freeze({ l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30 });
+
+export interface ChatOptions {
+  userId: string;
+  sessionId: string;
+  maxNewTokens?: number;
+  sampling?: SamplingOptions;
+  stop?: string[];
+  onToken?: (text: string, tokenId: number) => void;
+  /** Cancels this turn only: a waiting turn leaves the queue, a running one stops; nothing is recorded. */
+  signal?: AbortSignal;
+  /** α for the memories routed to the turn, whatever the gate would say. */
+  forceAlpha?: number;
+  /** false: no K/V this turn (neither memories nor preferences); the history stays. */
+  allowInjection?: boolean;
+  /** Replaces config.systemPrompt for this turn. */
+  systemPrompt?: string;
+}
+
+export interface MemoryUsed {
+  id: string;
+  text: string;
+  score: number;
+  tokens: number;
+}
+
+/** Where one injected block came from. */
+export interface BlockOrigin {
+  kind: "preferences" | "memory";
+  /** The memory's id (memories only). */
+  id?: string;
+  tier: Tier;
+  loadMs: number;
+  tokens: number;
+  alpha: number;
+}
+
+export interface HybridInjectionInfo {
+  /** Preferences were injected as K/V this turn. */
+  enabled: boolean;
+  preferenceTokens: number;
+  preferenceAlpha: number;
+  preferenceText: string;
+  historyTokens: number;
+  historySuffixText: string;
+  historyMessages: HistoryMessage[];
+  historyStrategy: string;
+  historyLanguage: HistoryLanguage;
+  /** Messages skipped for holding a template marker / oldest dropped to fit historyMaxTokens. */
+  historySkippedForMarkers: number;
+  historyTruncated: number;
+  /** The history was dropped to leave the answer generationReserve tokens. */
+  historyDropped: boolean;
+  /** The prompt as the model got it (after the chat template). */
+  finalInput: string;
+}
+
+export interface DKIMetadata {
+  model: { dir: string; fingerprint: string };
+  userId: string;
+  sessionId: string;
+  positions: PositionStrategy;
+  encodingPrefix: EncodingPrefix;
+  memoryOrder: MemoryOrder;
+  /** The layer's own time (total − prefill − decode − K/V computes − queue − entropy probe). */
+  layerMs: number;
+  hybridInjection: HybridInjectionInfo;
+}
+
+/** One turn's answer with every decision behind it (seed 003 §2.1). */
+export interface DKIResponse {
+  text: string;
+  finishReason: FinishReason;
+  /** The memories injected, in injection order. */
+  memoriesUsed: MemoryUsed[];
+  gating: GatingDecision;
+  /** hit: every injected block came from L1–L3 (false when none was injected). */
+  cache: { hit: boolean; tiers: BlockOrigin[] };
+  budget: BudgetAnalysis;
+  latency: LatencyBreakdown;
+  /** Prompt tokens prefilled (n_u). */
+  inputTokens: number;
+  outputTokens: number;
+  metadata: DKIMetadata;
+}
+
+export interface DKIStats {
+  turns: number;
+  /** Turns that failed or were aborted (nothing recorded for them). */
+  failedTurns: number;
+  waiting: number;
+  /** Mean of each stage over the recorded turns. */
+  meanLatency: LatencyBreakdown;
+  cache: CacheStats;
+}
+
+/** A turn's routing, prompt and preference text, before the model is involved. */
+interface Plan {
+  routed: SearchResult[];
+  prompt: ReturnType<typeof buildHybridPrompt>;
+  history: HistorySuffix | null;
+  language: HistoryLanguage;
+  preferences: { text: string; tokens: number };
+  prefix: number[];
+}
+
+/** The injection of a turn, ready for the engine. */
+interface Prepared {
+  gating: GatingDecision;
+  assembly: Assembly | null;
+  memories: MemoryUsed[];
+  preferenceInjected: boolean;
+  injection: InjectionOptions;
+}
+
+export class DKISystem {
+  private readonly queue = new FairQueue();
+  private readonly counter: TokenCounter;
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly sessionKeys = new Map<string, Set<string>>();
+  private closed = false;
+  private turns = 0;
+  private failedTurns = 0;
+  private readonly latencySum = emptyLatency();
+
+  private constructor(
+    readonly model: Model,
+    private readonly ownsModel: boolean,
+    readonly store: MemoryStoreApi,
+    readonly cache: TieredKVCache,
+    readonly config: DKIConfig,
+    private readonly history: HistoryProvider,
+  ) {
+    this.counter = tokenCounter(model.tokenizer);
+  }
+
+  static async open(o: DKISystemOptions): Promise<DKISystem> {
+    if (o === null || typeof o !== "object") throw new DkiArgumentError("DKISystem.open needs { model, dataDir }");
+    if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError("DKISystem.open: dataDir must be a folder path");
+    if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError("DKISystem.open: model must be a loaded Model or a model path");
+    const config = resolveConfig(o.config);
+    const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
+    const opener = o.openStore ?? defaultStoreOpener;
+    const owns = typeof o.model === "string";
+    const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
+    const undo: (() => Promise<void>)[] = owns ? [async () => model.dispose()] : [];
+    try {
+      const cache = await TieredKVCache.open({ model, dir: o.cacheDir ?? join(o.dataDir, "kv-cache"), budgets });
+      undo.push(() => cache.close());
+      const store = await opener({ dir: o.dataDir, embedder: o.embedder });
+      undo.push(() => store.close());
+      const history = o.history ? o.history(store) : new FlatHistoryProvider(store);
+      return new DKISystem(model, owns, store, cache, config, history);
+    } catch (e) {
+      for (const u of undo.reverse()) await u().catch(() => {});
+      throw e;
+    }
+  }
+
+  /** The memory layer's API, scoped by the userId each call takes. */
+  get memories(): MemoryStoreApi["memories"] {
+    return this.store.memories;
+  }
+  get preferences(): MemoryStoreApi["preferences"] {
+    return this.store.preferences;
+  }
+  get conversations(): MemoryStoreApi["conversations"] {
+    return this.store.conversations;
+  }
+  get audit(): MemoryStoreApi["audit"] {
+    return this.store.audit;
+  }
+
+  /**
+   * One turn: route, gate, inject, generate, record. Rejects (and records nothing) when the turn
+   * fails or its signal aborts it; other users' turns go on.
+   */
+  async chat(query: string, opts: ChatOptions): Promise<DKIResponse> {
+    return this.tracked(async () => {
+      const t0 = performance.now();
+      checkChat(query, opts);
+      const lat = emptyLatency();
+      try {
+        const plan = await this.plan(query, opts, lat);
+        let ttftAt = 0;
+        const onToken = (text: string, id: number) => {
+          if (ttftAt === 0) ttftAt = performance.now();
+          opts.onToken?.(text, id);
+        };
+        const tq = performance.now();
+        const { prepared, result, genStart } = await this.queue.run(
+          opts.userId,
+          async () => {
+            lat.queueMs = performance.now() - tq;
+            const prepared = await this.prepare(query, opts, plan, lat);
+            try {
+              const genStart = performance.now();
+              const result = await this.model.generate(
+                { tokens: plan.prompt.tokens },
+                { ...prepared.injection, maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal },
+              );
+              return { prepared, result, genStart };
+            } finally {
+              prepared.assembly?.release();
+            }
+          },
+          opts.signal,
+        );
+        lat.prefillMs = result.stats.prefillMs;
+        lat.decodeMs = result.stats.decodeMs;
+        lat.ttftMs = ttftAt > 0 ? ttftAt - t0 : genStart - t0 + result.stats.timeToFirstTokenMs;
+        const response = this.response(query, opts, plan, prepared, lat, { text: result.text, finishReason: result.finishReason, outputTokens: result.tokens.length });
+        const tr = performance.now();
+        await this.record(query, opts, response, tr - t0);
+        lat.recordMs = performance.now() - tr;
+        lat.totalMs = performance.now() - t0;
+        response.metadata.layerMs = layerCostMs(lat);
+        this.noteKeys(opts.sessionId, prepared.assembly);
+        this.turns++;
+        addLatency(this.latencySum, lat);
+        return response;
+      } catch (e) {
+        this.failedTurns++;
+        throw e;
+      }
+    });
+  }
+
+  /**
+   * The logits of every prompt position for the turn chat() would run (same routing, gating and
+   * injection; nothing generated or recorded): for experiments and for checking the injection
+   * against running the memory as text.
+   */
+  async logits(query: string, opts: Omit<ChatOptions, "onToken" | "maxNewTokens" | "sampling" | "stop">): Promise<{ logits: Float32Array[]; promptTokens: number[]; gating: GatingDecision; memoriesUsed: MemoryUsed[]; tiers: BlockOrigin[] }> {
+    return this.tracked(async () => {
+      checkChat(query, opts);
+      const lat = emptyLatency();
+      const plan = await this.plan(query, opts, lat);
+      return this.queue.run(
+        opts.userId,
+        async () => {
+          const prepared = await this.prepare(query, opts, plan, lat);
+          try {
+            const logits = await this.model.logits(plan.prompt.tokens, prepared.injection);
+            return { logits, promptTokens: plan.prompt.tokens, gating: prepared.gating, memoriesUsed: prepared.memories, tiers: origins(prepared) };
+          } finally {
+            prepared.assembly?.release();
+          }
+        },
+        opts.signal,
+      );
+    });
+  }
+
+  stats(): DKIStats {
+    const mean = emptyLatency();
+    if (this.turns > 0) addLatency(mean, this.latencySum, 1 / this.turns);
+    return { turns: this.turns, failedTurns: this.failedTurns, waiting: this.queue.size, meanLatency: mean, cache: this.cache.stats() };
+  }
+
+  /**
+   * Drops from every cache tier the K/V blocks this session's turns injected (they are computed
+   * again when next needed, by any session of that user), and the history provider's state for the
+   * session. Returns how many blocks were dropped. The stored memories and conversation stay.
+   */
+  async clearSessionCache(sessionId: string): Promise<number> {
+    if (typeof sessionId !== "string" || sessionId === "") throw new DkiArgumentError("clearSessionCache needs a session id");
+    const keys = this.sessionKeys.get(sessionId) ?? new Set<string>();
+    this.sessionKeys.delete(sessionId);
+    for (const k of keys) await this.cache.invalidate(k);
+    this.history.clearSession?.(sessionId);
+    return keys.size;
+  }
+
+  /** Waits for the turns in flight, then closes the cache (L3 writes flushed) and the store. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.allSettled([...this.inFlight]);
+    try {
+      await this.cache.close();
+    } finally {
+      try {
+        await this.store.close();
+      } finally {
+        if (this.ownsModel) this.model.dispose();
+      }
+    }
+  }
+
+  private async tracked<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.closed) throw new DkiArgumentError("this DKISystem has been closed");
+    const p = fn();
+    this.inFlight.add(p);
+    try {
+      return await p;
+    } finally {
+      this.inFlight.delete(p);
+    }
+  }
+
+  /** Routing, preferences and the prompt: store reads and text work, no model time. */
+  private async plan(query: string, opts: ChatOptions, lat: LatencyBreakdown): Promise<Plan> {
+    const c = this.config;
+    let t = performance.now();
+    const injectionOn = opts.allowInjection !== false;
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
+    lat.routingMs = performance.now() - t;
+    t = performance.now();
+    const language: HistoryLanguage = c.historyLanguage === "auto" ? detectLanguage(query) : c.historyLanguage;
+    const systemPrompt = opts.systemPrompt ?? c.systemPrompt;
+    let preferences = { text: "", tokens: 0 };
+    if (injectionOn && c.preferenceEnabled) {
+      const prefs = (await this.store.preferences.list({ userId: opts.userId })).filter((p) => p.active);
+      for (const p of prefs) if (p.userId !== opts.userId) throw new Error(`the memory store returned preference ${p.id} of another user for user ${JSON.stringify(opts.userId)}`);
+      preferences = mergePreferences(prefs, this.counter, c.preferenceMaxTokens);
+    }
+    const history = c.historyEnabled
+      ? await this.history.suffix({ userId: opts.userId, sessionId: opts.sessionId, query, language, maxTokens: c.historyMaxTokens, maxMessages: c.historyMaxMessages, counter: this.counter, signal: opts.signal })
+      : null;
+    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
+    const prompt = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
+    const prefix = this.encodingPrefix(systemPrompt, useTemplate);
+    lat.promptMs = performance.now() - t;
+    return { routed, prompt, history, language, preferences, prefix };
+  }
+
+  /** Gating and the blocks from the cache; runs in the model's queue (the probe and computes use the model). */
+  private async prepare(query: string, opts: ChatOptions, plan: Plan, lat: LatencyBreakdown): Promise<Prepared> {
+    const c = this.config;
+    const g = c.gating;
+    let t = performance.now();
+    const gating = await decideGating(g, { scores: plan.routed.map((r) => r.score), forceAlpha: opts.forceAlpha, allowInjection: opts.allowInjection }, async () => {
+      const tp = performance.now();
+      // The bare query (n_u tokens, no template, no memory): a prefill far shorter than the
+      // prompt's, and the signal gating should see (the reference system probed the whole prompt).
+      const probe = await this.model.nextTokenEntropy(query);
+      lat.entropyProbeMs = performance.now() - tp;
+      return probe.normalized;
+    });
+    lat.gatingMs = performance.now() - t;
+
+    const memories: { r: SearchResult; tokens: number[] }[] = [];
+    if (gating.inject) {
+      let budget = c.memoryMaxTokens;
+      // Forced: every routed memory; gated: those that clear the relevance threshold themselves.
+      for (const r of plan.routed) {
+        if (!gating.forced && r.score < g.relevanceThreshold) continue;
+        const tokens = this.model.tokenizer.encode(r.memory.text, { addSpecialTokens: false });
+        if (tokens.length === 0 || tokens.length > budget) continue;
+        budget -= tokens.length;
+        memories.push({ r, tokens });
+      }
+      if (c.memoryOrder === "time") memories.sort((a, b) => a.r.memory.createdAt - b.r.memory.createdAt || cmp(a.r.memory.id, b.r.memory.id));
+    }
+    const specs: BlockSpec[] = [];
+    const prefTokens = plan.preferences.text === "" ? [] : this.model.tokenizer.encode(plan.preferences.text, { addSpecialTokens: false });
+    const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold && c.preferenceAlpha > 0;
+    if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
+    for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, alpha: gating.alpha });
+
+    let assembly: Assembly | null = null;
+    if (specs.length > 0) {
+      t = performance.now();
+      assembly = await assembleBlocks(this.cache, opts.userId, plan.prefix, specs);
+      for (const b of assembly.blocks) {
+        if (b.tier === "L4") lat.kvComputeMs += b.loadMs;
+        else lat.kvLoadMs[b.tier] += b.loadMs;
+      }
+    }
+    const segments: Segment[] = assembly?.segments ?? [];
+    return {
+      gating,
+      assembly,
+      memories: memories.map((m) => ({ id: m.r.memory.id, text: m.r.memory.text, score: m.r.score, tokens: m.tokens.length })),
+      preferenceInjected,
+      injection: { segments, positions: c.positions, alphaThreshold: g.alphaThreshold },
+    };
+  }
+
+  /** The tokens each block is encoded behind (part of its cache key). */
+  private encodingPrefix(systemPrompt: string | undefined, useTemplate: boolean): number[] {
+    const tok = this.model.tokenizer;
+    const bos = tok.bosId === null ? [] : [tok.bosId];
+    const mode = this.config.encodingPrefix;
+    if (mode === "none") return [];
+    if (mode === "bos" || !systemPrompt) return bos;
+    if (useTemplate) {
+      const sys = tok.encode(tok.applyChatTemplate([{ role: "system", content: systemPrompt }], { addGenerationPrompt: false }), { addSpecialTokens: false });
+      return bos.length > 0 && sys[0] !== bos[0] ? [...bos, ...sys] : sys;
+    }
+    return [...bos, ...tok.encode(`${systemPrompt}\n\n`, { addSpecialTokens: false })];
+  }
+
+  private response(query: string, opts: ChatOptions, plan: Plan, p: Prepared, lat: LatencyBreakdown, out: { text: string; finishReason: FinishReason; outputTokens: number }): DKIResponse {
+    const tiers = origins(p);
+    const h = plan.history;
+    return {
+      text: out.text,
+      finishReason: out.finishReason,
+      memoriesUsed: p.memories,
+      gating: p.gating,
+      cache: { hit: tiers.length > 0 && tiers.every((b) => b.tier !== "L4"), tiers },
+      budget: analyzeBudget(plan.prompt.tokens.length, p.assembly?.tokens ?? 0),
+      latency: lat,
+      inputTokens: plan.prompt.tokens.length,
+      outputTokens: out.outputTokens,
+      metadata: {
+        model: { dir: this.model.info.dir, fingerprint: this.model.info.fingerprint },
+        userId: opts.userId,
+        sessionId: opts.sessionId,
+        positions: this.config.positions,
+        encodingPrefix: this.config.encodingPrefix,
+        memoryOrder: this.config.memoryOrder,
+        layerMs: 0,
+        hybridInjection: {
+          enabled: p.preferenceInjected,
+          preferenceTokens: p.preferenceInjected ? plan.preferences.tokens : 0,
+          preferenceAlpha: p.preferenceInjected ? this.config.preferenceAlpha : 0,
+          preferenceText: plan.preferences.text,
+          historyTokens: plan.prompt.historyTokens,
+          historySuffixText: plan.prompt.historyText,
+          historyMessages: plan.prompt.historyDropped ? [] : (h?.messages ?? []),
+          historyStrategy: h?.strategy ?? "none",
+          historyLanguage: plan.language,
+          historySkippedForMarkers: h?.skippedForMarkers ?? 0,
+          historyTruncated: h?.truncated ?? 0,
+          historyDropped: plan.prompt.historyDropped,
+          finalInput: plan.prompt.text,
+        },
+      },
+    };
+  }
+
+  /** The turn's three rows, in one transaction (the store's recordTurn). */
+  private async record(query: string, opts: ChatOptions, r: DKIResponse, latencyMs: number): Promise<void> {
+    const injected = r.cache.tiers.length > 0;
+    await this.store.conversations.recordTurn({
+      userId: opts.userId,
+      sessionId: opts.sessionId,
+      query,
+      response: r.text,
+      injectionMode: injected ? "dki" : "none",
+      alpha: r.memoriesUsed.length > 0 ? r.gating.alpha : undefined,
+      memoryIds: r.memoriesUsed.map((m) => m.id),
+      latencyMs,
+      auditAction: "dki_generate",
+      auditMetadata: {
+        relevance: r.gating.relevance,
+        margin: r.gating.margin,
+        entropy: r.gating.entropy,
+        reason: r.gating.reason,
+        forced: r.gating.forced,
+        preferenceAlpha: r.metadata.hybridInjection.preferenceAlpha,
+        blocks: r.cache.tiers.map((b) => ({ kind: b.kind, id: b.id ?? null, tier: b.tier, alpha: b.alpha, tokens: b.tokens })),
+        inputTokens: r.inputTokens,
+        outputTokens: r.outputTokens,
+        finishReason: r.finishReason,
+      },
+    });
+  }
+
+  private noteKeys(sessionId: string, a: Assembly | null): void {
+    if (!a) return;
+    let keys = this.sessionKeys.get(sessionId);
+    if (!keys) this.sessionKeys.set(sessionId, (keys = new Set()));
+    for (const b of a.blocks) keys.add(b.key);
+  }
+}
+
+function origins(p: Prepared): BlockOrigin[] {
+  return (p.assembly?.blocks ?? []).map((b, i) =>
+    p.preferenceInjected && i === 0
+      ? { kind: "preferences" as const, tier: b.tier, loadMs: b.loadMs, tokens: b.tokens, alpha: b.alpha }
+      : { kind: "memory" as const, id: b.name, tier: b.tier, loadMs: b.loadMs, tokens: b.tokens, alpha: b.alpha },
+  );
+}
+
+function checkChat(query: unknown, opts: ChatOptions): void {
+  if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
+  if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
+  if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
+  if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+  checkForceAlpha(opts.forceAlpha);
+  if (opts.allowInjection !== undefined && typeof opts.allowInjection !== "boolean") throw new DkiArgumentError(`allowInjection must be true or false, got ${String(opts.allowInjection)}`);
+  if (opts.systemPrompt !== undefined && typeof opts.systemPrompt !== "string") throw new DkiArgumentError("systemPrompt must be a string");
+}
+
+function addLatency(into: LatencyBreakdown, l: LatencyBreakdown, k = 1): void {
+  for (const key of Object.keys(into) as (keyof LatencyBreakdown)[]) {
+    if (key === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) into.kvLoadMs[t] += k * l.kvLoadMs[t];
+    else into[key] += k * l[key];
+  }
+}
+
+const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+
+async function defaultStoreOpener(o: { dir: string; embedder?: Embedder }): Promise<MemoryStoreApi> {
+  throw new DkiArgumentError(`no memory store implementation is available to open ${o.dir}; pass openStore`);
+}
