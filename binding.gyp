@@ -16,7 +16,8 @@
         "native/kernels/kernels_amx.cpp",
         "native/sampler.cpp",
         "native/kv_ops.cpp",
-        "native/kv_buffer.cpp"
+        "native/kv_buffer.cpp",
+        "native/resources.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")", "native"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],

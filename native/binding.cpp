@@ -16,6 +16,7 @@
 #include "kernels/kernels.h"
 #include "kv_ops.h"
 #include "model.h"
+#include "resources.h"
 #include "sampler.h"
 #include "threadpool.h"
 #ifdef DKI_CUDA
@@ -196,6 +197,11 @@ class PromiseWorker : public Napi::AsyncWorker {
   void Execute() override {
     try {
       Run();
+    } catch (const NonFiniteError& e) {
+      non_finite_ = true;
+      segment_ = e.segment;
+      row_ = e.row;
+      SetError(e.what());
     } catch (const std::exception& e) {
       SetError(e.what());
     }
@@ -218,6 +224,14 @@ class PromiseWorker : public Napi::AsyncWorker {
   }
   void OnError(const Napi::Error& e) override {
     Finally();
+    // A NaN/inf found on the way: JavaScript gets where (the eval row, the injected segment) to
+    // word the error for its caller (the generation step, the segment as the caller numbered it).
+    if (non_finite_) {
+      Napi::Object err = e.Value();
+      err.Set("code", "ERR_DKI_NOT_FINITE");
+      err.Set("segment", segment_);
+      err.Set("row", row_);
+    }
     deferred_.Reject(e.Value());
   }
   // A worker thread's environment that is being torn down (worker.terminate() during a call)
@@ -231,6 +245,8 @@ class PromiseWorker : public Napi::AsyncWorker {
     }
   }
   Napi::Promise::Deferred deferred_;
+  bool non_finite_ = false;
+  int segment_ = -1, row_ = -1;
 };
 
 // ---------------------------------------------------------------- Model
@@ -284,11 +300,11 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
 class LoadWorker : public PromiseWorker {
  public:
   // cuda_device < 0: the model runs on the CPU; otherwise its weights go to that GPU.
-  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize, int cuda_device)
-      : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize), cuda_device_(cuda_device) {}
+  LoadWorker(Napi::Env env, ModelConfig cfg, std::vector<TensorSpec> specs, DType quantize, int cuda_device, bool check_tensors)
+      : PromiseWorker(env), cfg_(cfg), specs_(std::move(specs)), quantize_(quantize), cuda_device_(cuda_device), check_tensors_(check_tensors) {}
   void Run() override {
     ComputeLock lock;  // quantising uses the thread pool
-    auto m = std::make_shared<Model>(cfg_, specs_, quantize_);
+    auto m = std::make_shared<Model>(cfg_, specs_, quantize_, check_tensors_);
 #ifdef DKI_CUDA
     if (cuda_device_ >= 0) m->set_device_weights(cuda_upload(*m, cuda_device_));
 #endif
@@ -305,10 +321,12 @@ class LoadWorker : public PromiseWorker {
   std::vector<TensorSpec> specs_;
   DType quantize_;
   int cuda_device_;
+  bool check_tensors_;
   std::shared_ptr<const Model> model_;
 };
 
-// loadModel({ config, tensors: [{ name, file, dtype, shape, offset, nbytes }], quantize?: "none" | "q8_0" }) → Promise<NativeModel>
+// loadModel({ config, tensors: [{ name, file, dtype, shape, offset, nbytes }], quantize?: "none" | "q8_0", checkTensors?: boolean })
+// → Promise<NativeModel>
 Napi::Value LoadModel(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsObject()) throw_type(env, "loadModel expects a spec object");
@@ -381,7 +399,8 @@ Napi::Value LoadModel(const Napi::CallbackInfo& info) {
     throw Napi::Error::New(env, "this build of dki-engine has no CUDA backend (npm install builds the CPU engine): run `npm run build:cuda` "
                                 "on a machine with the CUDA toolkit");
 #endif
-  auto* w = new LoadWorker(env, cfg, std::move(specs), quantize, cuda_device);
+  const bool check_tensors = spec.Has("checkTensors") && !spec.Get("checkTensors").IsUndefined() && get_bool(spec, "checkTensors");
+  auto* w = new LoadWorker(env, cfg, std::move(specs), quantize, cuda_device, check_tensors);
   Napi::Promise p = w->promise();
   w->Queue();
   return p;

@@ -7,6 +7,7 @@
 
 #include "kv_block.h"
 #include "model.h"
+#include "resources.h"
 
 namespace dki {
 
@@ -70,6 +71,13 @@ class Context {
 
  private:
   void eval_chunks(const int32_t* tokens, int n, LogitsMode mode, int max_chunk, size_t V, std::vector<float>& logits);
+  // Refuses, by index, a segment holding NaN/inf or whose α-scaled values overflow float32; done
+  // by the first eval after set_segments, on its worker thread (a scan of a large block must not
+  // hold up JavaScript), and remembered in each block.
+  void check_segments() const;
+  // Refuses logits holding NaN/inf, naming the eval row: a NaN weight or an overflow upstream
+  // would otherwise sample token 0 forever.
+  void check_logits(const std::vector<float>& logits, int n, LogitsMode mode) const;
   void eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits);
   void attention(int layer, int T);
 
@@ -78,6 +86,7 @@ class Context {
   int n_past_ = 0;
   int pos_base_ = 0;
   std::vector<Segment> segments_;
+  bool segments_checked_ = true;
   // Per segment: cos then sin of −shift·inv_freq ([head_dim]), empty for a shift of 0 (or on a GPU).
   std::vector<std::vector<float>> segment_turns_;
   std::atomic<bool> cancel_{false};
@@ -85,8 +94,10 @@ class Context {
   int probe_layer_ = -1;
   std::vector<float> probe_entropy_;  // per query head
 
-  // Own K/V: [layer][kv_head][max_tokens][head_dim]; on the GPU instead when cuda_ is set.
-  std::vector<float> k_cache_, v_cache_;
+  // Own K/V: [layer][kv_head][max_tokens][head_dim]; on the GPU instead when cuda_ is set. Backed
+  // lazily (LazyFloats): a row's pages exist once tokens reach them, so a large window costs
+  // the memory of the tokens it holds.
+  LazyFloats k_cache_, v_cache_;
   // The device half of a context whose model runs on a GPU (DKI_CUDA builds only).
   std::shared_ptr<CudaForward> cuda_;
 

@@ -3,6 +3,8 @@
 // F = MLP width, V = vocab, S = positions attended (segments + cached + current).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "context.h"
 #include "kernels/kernels.h"
@@ -103,8 +105,11 @@ Context::Context(std::shared_ptr<const Model> model, int max_tokens) : model_(st
   }
   const ModelConfig& c = model_->config();
   const size_t cache = size_t(c.n_layers) * c.n_kv_heads * max_tokens * c.head_dim;
-  k_cache_.assign(cache, 0.f);
-  v_cache_.assign(cache, 0.f);
+  // The whole window must fit even though it is backed lazily: filling it must not end in the
+  // OOM killer halfway through a generation.
+  check_host_bytes(2 * cache * sizeof(float), "a " + std::to_string(max_tokens) + "-token context's K/V cache");
+  k_cache_ = LazyFloats(cache);
+  v_cache_ = LazyFloats(cache);
 }
 
 void Context::reset(int pos_base) {
@@ -143,7 +148,9 @@ void Context::set_segments(std::vector<Segment> segments) {
     if (b.fingerprint != model_->fingerprint()) throw Error("K/V block was computed by another model (fingerprint mismatch)");
     if (b.n_layers != c.n_layers || b.n_kv_heads != c.n_kv_heads || b.head_dim != c.head_dim)
       throw Error("K/V block shape does not match this model");
-    if (!(s.alpha > 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a positive finite number");
+    if (!(s.alpha >= 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a finite number >= 0");
+    // ln 0 = -inf would be added to every score of the segment: leaving it out does the same.
+    if (s.logit_scaling && s.alpha == 0) throw Error("segment alpha must be > 0 with logit scaling (ln 0 is -inf)");
     const int64_t start = int64_t(b.start_pos) + s.shift;
     if (start < -kMaxPosition || start > kMaxPosition)
       throw Error("a segment shifted to position " + std::to_string(start) + " is outside ±" + std::to_string(kMaxPosition));
@@ -165,6 +172,52 @@ void Context::set_segments(std::vector<Segment> segments) {
 #endif
   segments_ = std::move(segments);
   segment_turns_ = std::move(turns);
+  segments_checked_ = segments_.empty();
+}
+
+void Context::check_segments() const {
+  const ModelConfig& c = model_->config();
+  for (size_t i = 0; i < segments_.size(); i++) {
+    const Segment& s = segments_[i];
+    const KVBlock& b = *s.block;
+    float vmax = b.value_abs_max.v.load(std::memory_order_acquire);
+    if (vmax < 0) {
+      // Keys enter as +inf when any is not finite: the segment is refused either way.
+      if (b.on_host()) {
+        vmax = std::max(abs_max(b.k.data(), b.k.size()) == INFINITY ? INFINITY : 0.f, abs_max(b.v.data(), b.v.size()));
+      } else {
+#ifdef DKI_CUDA
+        vmax = std::max(cuda_block_abs_max(b, true) == INFINITY ? INFINITY : 0.f, cuda_block_abs_max(b, false));
+#endif
+      }
+      b.value_abs_max.v.store(vmax, std::memory_order_release);
+    }
+    const std::string which = "injected segment " + std::to_string(i) + " (" + std::to_string(b.n_tokens) + " tokens)";
+    if (vmax == INFINITY) {
+      std::string where;
+      if (b.on_host()) {
+        const int64_t k_bad = first_non_finite(b.k.data(), b.k.size());
+        const size_t at = size_t(k_bad >= 0 ? k_bad : first_non_finite(b.v.data(), b.v.size()));
+        where = std::string(k_bad >= 0 ? " (a key" : " (a value") + " in layer " + std::to_string(at / b.layer_stride()) + " of " +
+                std::to_string(c.n_layers) + ")";
+      }
+      throw NonFiniteError(which + " holds NaN or ±inf" + where + "; it cannot be injected", int(i), -1);
+    }
+    // |Σ α·p·v| ≤ α·max|v| since the segment's probabilities sum to at most 1: below FLT_MAX, no
+    // scaled value or weighted sum of them overflows.
+    if (!s.logit_scaling && scaled_overflows(s.alpha, vmax)) throw NonFiniteError(which + ": " + scaled_overflow_words(s.alpha, vmax), int(i), -1);
+  }
+}
+
+void Context::check_logits(const std::vector<float>& logits, int n, LogitsMode mode) const {
+  const int64_t bad = first_non_finite(logits.data(), logits.size());
+  if (bad < 0) return;
+  const size_t V = model_->config().vocab_size;
+  const int row = mode == LogitsMode::All ? int(size_t(bad) / V) : n - 1;
+  const float v = logits[size_t(bad)];
+  throw NonFiniteError("the logits of token " + std::to_string(row) + " of " + std::to_string(n) + " in this eval are not finite (" +
+                           (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") + " at vocabulary id " + std::to_string(size_t(bad) % V) + ")",
+                       -1, row);
 }
 
 StageProfile Context::stage_profile() const {
@@ -185,12 +238,21 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
       throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) + " is outside the vocabulary (0.." +
                   std::to_string(c.vocab_size - 1) + ")");
   const size_t V = c.vocab_size;
+  // Every row's logits, then JavaScript's copy of them: 20000 positions of a 49152-token
+  // vocabulary are 7.9 GB, refused here rather than by the OOM killer.
+  if (mode == LogitsMode::All)
+    check_host_bytes(2 * uint64_t(n) * V * sizeof(float), "holding the logits of " + std::to_string(n) + " positions (and JavaScript's copy of them)");
+  if (!segments_checked_) {
+    check_segments();
+    segments_checked_ = true;
+  }
   logits.assign(mode == LogitsMode::None ? 0 : mode == LogitsMode::Last ? V : V * n, 0.f);
   const int max_chunk = cuda_ ? kMaxCudaChunk : kMaxChunk;  // cuda_ is null in CPU-only builds
   // All or nothing: an eval cancelled or failed after some chunks leaves the context as it was.
   const int n_past_before = n_past_;
   try {
     eval_chunks(tokens, n, mode, max_chunk, V, logits);
+    if (mode != LogitsMode::None) check_logits(logits, n, mode);
   } catch (...) {
     n_past_ = n_past_before;
     tokens_.resize(size_t(n_past_before));
@@ -390,9 +452,7 @@ void Context::attention(int l, int T) {
 }
 
 std::shared_ptr<KVBlock> Context::export_block(int from, int to, bool on_device) const {
-  if (from < 0 || to > n_past_ || from >= to)
-    throw Error("block range [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the " + std::to_string(n_past_) +
-                " cached tokens");
+  check_token_range("block range", from, to, n_past_, "the context's cached");
   if (on_device && !cuda_) throw Error("exportBlock: this context runs on the CPU; a block can stay on a GPU only for a model loaded with device \"cuda\"");
   const ModelConfig& c = model_->config();
   auto b = std::make_shared<KVBlock>();

@@ -1,5 +1,6 @@
 // A K/V block: every layer's keys and values for a run of tokens, the unit of DKI memory.
 #pragma once
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +57,19 @@ struct KVAllocator {
 
 using KVStore = std::vector<float, KVAllocator<float>>;
 
+// A block's largest |value|, < 0 while not yet known. Atomic: one block may be injected into
+// contexts on several threads. A copy starts unknown, since copies are made to be changed
+// (host_copy before scaling or remapping).
+struct KnownAbsMax {
+  std::atomic<float> v{-1.f};
+  KnownAbsMax() = default;
+  KnownAbsMax(const KnownAbsMax&) {}
+  KnownAbsMax& operator=(const KnownAbsMax&) {
+    v.store(-1.f);
+    return *this;
+  }
+};
+
 struct KVBlock {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, n_tokens = 0;
   // Position of the first token when its keys were rotated (negative for preference blocks
@@ -68,6 +82,9 @@ struct KVBlock {
   // The same tensors in GPU memory, same layout, instead of k and v; null for a host block. A
   // block never changes residence: toDevice/toHost make new blocks.
   std::shared_ptr<const DeviceKV> device;
+  // Filled by the first injection of a host block (Context's segment check), since a block never
+  // changes once made: the largest |value| (+inf when a key or value is NaN or ±inf).
+  mutable KnownAbsMax value_abs_max;
 
   size_t elements() const { return size_t(n_layers) * layer_stride(); }
   bool on_host() const { return k.size() == elements(); }
@@ -95,6 +112,14 @@ inline const KVBlock& host_kv(const KVBlock& b, const char* op) {
   if (!b.on_host())
     throw Error(std::string(op) + ": this K/V block lives only in GPU memory; copy it back with toHost() first");
   return b;
+}
+
+// Refuses a token range [from, to) of n tokens that is empty or reaches outside them, saying which
+// ("slice [2, 2) is empty", "slice [3, 9) is outside the block's 5 tokens").
+inline void check_token_range(const char* what, int from, int to, int n, const char* whose) {
+  const std::string range = std::string(what) + " [" + std::to_string(from) + ", " + std::to_string(to) + ")";
+  if (from < 0 || to > n) throw Error(range + " is outside " + whose + " " + std::to_string(n) + " tokens");
+  if (from >= to) throw Error(range + " is empty: it must hold at least one token (from < to)");
 }
 
 // Rotates one head vector by the angles whose cos/sin are given (hd/2 of each). Hugging Face

@@ -6,6 +6,7 @@
 #include "common.h"
 #include "kernels/kernels.h"
 #include "model.h"
+#include "resources.h"
 #include "threadpool.h"
 #ifdef DKI_CUDA
 #include "cuda/cuda_backend.h"
@@ -116,6 +117,7 @@ BlockPtr scale_values(const KVBlock& b, float alpha) {
 #endif
   auto out = host_copy(b, "scaleValues");
   for (float& v : out->v) v *= alpha;
+  if (abs_max(out->v.data(), out->v.size()) == INFINITY) throw_scaled_overflow(alpha, abs_max(b.v.data(), b.v.size()));
   return out;
 }
 
@@ -160,8 +162,7 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
 }
 
 BlockPtr slice_block(const KVBlock& b, int from, int to) {
-  if (from < 0 || to > b.n_tokens || from >= to)
-    throw Error("slice [" + std::to_string(from) + ", " + std::to_string(to) + ") is outside the block's " + std::to_string(b.n_tokens) + " tokens");
+  check_token_range("slice", from, to, b.n_tokens, "the block's");
 #ifdef DKI_CUDA
   if (b.device) return cuda_slice_block(b, from, to);
 #endif

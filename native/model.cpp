@@ -5,6 +5,7 @@
 #include <map>
 
 #include "checksum.h"
+#include "resources.h"
 #include "threadpool.h"
 
 namespace dki {
@@ -127,12 +128,52 @@ Matrix Model::matrix(const std::string& name, int rows, int cols) {
   return m;
 }
 
+static std::string non_finite_tensor(const TensorSpec& t, uint64_t index, float value) {
+  return t.file + ": tensor \"" + t.name + "\" holds " + (std::isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf") + " at element " +
+         std::to_string(index) + "; the weights are damaged (or were saved from a diverged run)";
+}
+
 std::vector<float> Model::vector_f32(const std::string& name, int n) {
   const TensorSpec& t = find(name);
   const unsigned char* p = checked_data(t, {n});
   std::vector<float> out(n);
   for (int i = 0; i < n; i++) out[i] = load_as_f32(p, t.dtype, i);
+  // Norm weights and biases are copied anyway, and one NaN among them turns every logit NaN.
+  const int64_t bad = first_non_finite(out.data(), out.size());
+  if (bad >= 0) throw Error(non_finite_tensor(t, uint64_t(bad), out[size_t(bad)]));
   return out;
+}
+
+void Model::refuse_non_finite() const {
+  // Pieces of up to 4M elements (a multiple of Q8_0's 32) so that threads share a large tensor;
+  // the first bad element of the first bad piece, in spec order, is the one reported.
+  constexpr uint64_t kPiece = uint64_t(1) << 22;
+  struct Piece {
+    size_t spec;
+    uint64_t first, n;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < specs_.size(); i++) {
+    if (!used_[i]) continue;
+    uint64_t elements = 1;
+    for (auto d : specs_[i].shape) elements *= uint64_t(d);
+    for (uint64_t at = 0; at < elements; at += kPiece) pieces.push_back({i, at, std::min(kPiece, elements - at)});
+  }
+  std::vector<int64_t> found(pieces.size(), -1);
+  thread_pool().parallel_for(int(pieces.size()), 1, [&](int a, int b) {
+    for (int k = a; k < b; k++) {
+      const Piece& pc = pieces[k];
+      const TensorSpec& t = specs_[pc.spec];
+      const unsigned char* data = mapped(t.file)->data() + t.offset + dtype_bytes(t.dtype, pc.first);
+      found[k] = first_non_finite(data, t.dtype, pc.n);
+    }
+  });
+  for (size_t k = 0; k < pieces.size(); k++) {
+    if (found[k] < 0) continue;
+    const TensorSpec& t = specs_[pieces[k].spec];
+    const uint64_t index = pieces[k].first + uint64_t(found[k]);
+    throw Error(non_finite_tensor(t, index, load_as_f32(mapped(t.file)->data() + t.offset, t.dtype, index)));
+  }
 }
 
 void quantize_row_q8_0(const float* x, int n, unsigned char* out) {
@@ -214,7 +255,8 @@ void Model::refuse_unused() const {
   }
 }
 
-Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize) : cfg_(cfg), specs_(tensors), used_(tensors.size()) {
+Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize, bool check_tensors)
+    : cfg_(cfg), specs_(tensors), used_(tensors.size()) {
   check_config(cfg_);
   std::map<std::string, bool> opened;
   for (const auto& t : specs_) {
@@ -248,6 +290,8 @@ Model::Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DTy
   final_norm_ = vector_f32("model.norm.weight", D);
   if (!cfg_.tie_word_embeddings) lm_head_ = matrix("lm_head.weight", cfg_.vocab_size, D);
   refuse_unused();
+  // Before quantising: a NaN weight would still be NaN after it, but named less usefully.
+  if (check_tensors) refuse_non_finite();
 
   // Rotary frequencies, with the llama3 long-context adjustment when configured
   // (transformers' _compute_llama3_parameters).

@@ -74,8 +74,10 @@ struct LayerWeights {
 class Model {
  public:
   // quantize = DType::Q8_0 converts every matrix to Q8_0 at load time (then the files are
-  // unmapped); any other value uses the weights as stored.
-  Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize = DType::F32);
+  // unmapped); any other value uses the weights as stored. check_tensors reads every weight
+  // once and refuses the model at the first NaN/inf (norms and biases, copied at load, are
+  // always checked; the matrices only on request, as reading them all costs a pass over the file).
+  Model(const ModelConfig& cfg, const std::vector<TensorSpec>& tensors, DType quantize = DType::F32, bool check_tensors = false);
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
@@ -107,6 +109,8 @@ class Model {
   const unsigned char* checked_data(const TensorSpec& t, const std::vector<int64_t>& shape);
   // Throws for a tensor the config leaves unread: config and weights disagree.
   void refuse_unused() const;
+  // Throws naming the first tensor (in file order) and element holding NaN or ±inf.
+  void refuse_non_finite() const;
 
   ModelConfig cfg_;
   std::vector<TensorSpec> specs_;

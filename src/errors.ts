@@ -13,3 +13,22 @@ export class DkiArgumentError extends Error {
     this.name = "DkiArgumentError";
   }
 }
+
+/**
+ * A NaN or ±inf where a finite number was needed: logits that went non-finite (a damaged weight,
+ * an overflow), an injected segment holding one, or an α whose scaled values overflow float32.
+ * The message names the generation step or position and, when one is at fault or injected, the
+ * segment (its index in the call's `segments`).
+ */
+export class NonFiniteError extends Error {
+  constructor(
+    message: string,
+    /** The generation step (0: the prompt's prefill), or the position for `logits`; undefined when not about logits. */
+    readonly step?: number,
+    /** Index in the call's `segments` of the segment at fault, when one is. */
+    readonly segment?: number,
+  ) {
+    super(message);
+    this.name = "NonFiniteError";
+  }
+}

@@ -54,6 +54,8 @@ std::shared_ptr<const DeviceKV> cuda_decode_payload(const KVBlock& shape, KVStor
 // kv_ops.h's operations on a block in GPU memory (b.device set); results stay on that GPU.
 // Arguments are checked by the kv_ops.h functions that call these.
 std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha);
+// The largest |x| of a device block's keys (keys true) or values; +inf when any is NaN or ±inf.
+float cuda_block_abs_max(const KVBlock& b, bool keys);
 std::shared_ptr<const KVBlock> cuda_remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved);
 std::shared_ptr<const KVBlock> cuda_slice_block(const KVBlock& b, int from, int to);
 std::shared_ptr<const KVBlock> cuda_concat_blocks(const std::vector<std::shared_ptr<const KVBlock>>& blocks, int total,

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "context.h"
+#include "resources.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_kernels.cuh"
@@ -250,6 +251,18 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   const size_t f = sizeof(float), T = std::min(kMaxCudaChunk, max_tokens);
   const size_t D = c.hidden_size, F = c.intermediate_size, qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
   const size_t cache = size_t(c.n_layers) * kvd * max_tokens * f;
+  // Every device buffer below, summed before the first is allocated: a window that cannot fit is
+  // refused with both numbers instead of failing halfway through the list. The GPU cache is
+  // allocated whole (the graphs captured for decode hold its address), so it must fit now.
+  const size_t need = 2 * cache + s.step_layout(int(T)).bytes + size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f +
+                      size_t(kGemvMaxTokens) * c.n_heads * sizeof(int) + T * (2 * D + 2 * qd + 2 * kvd + 2 * F) * f + size_t(c.n_heads) * f +
+                      2 * T * std::max({D, F, qd}) * 2 + s.w->max_q8_elements * 2;
+  size_t free_b = 0, total_b = 0;
+  DKI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (need > free_b && drain_device_block_pool(s.w->device)) DKI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (need > free_b)
+    throw Error("a " + std::to_string(max_tokens) + "-token context on cuda:" + std::to_string(s.w->device) + " needs " + byte_size(need) +
+                " of GPU memory (its K/V cache " + byte_size(2 * cache) + "); " + byte_size(free_b) + " is free of " + byte_size(total_b));
   s.k_cache.allocate(cache, "the context's K cache");
   s.v_cache.allocate(cache, "the context's V cache");
   const Impl::StepLayout step = s.step_layout(int(T));

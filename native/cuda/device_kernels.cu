@@ -865,6 +865,13 @@ void launch_scale(float* x, float a, size_t n, cudaStream_t s) {
   DKI_CUDA_LAUNCHED();
 }
 
+void launch_absmax_bits(const float* x, size_t n, unsigned* bits, cudaStream_t s) {
+  DKI_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof *bits, s));
+  if (n == 0) return;
+  absmax_bits_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, s>>>(x, n, bits);
+  DKI_CUDA_LAUNCHED();
+}
+
 void launch_split_half(const float* x, size_t n, DType to, void* hi, void* lo, GemmScalars* sc, cudaStream_t s) {
   if (n == 0) throw Error("launch_split_half: no elements");
   if (to == DType::F16) {

@@ -43,6 +43,8 @@ void launch_rope_store(const RopeStoreArgs& a, cudaStream_t s);
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
 void launch_scale(float* x, float a, size_t n, cudaStream_t s);
+// *bits = the float bits of max |x[i]| (≥ 0x7f800000 when any x[i] is NaN or ±inf), in stream order.
+void launch_absmax_bits(const float* x, size_t n, unsigned* bits, cudaStream_t s);
 // The scalars of the prefill GEMMs, in device memory (cuBLAS in device pointer mode): a kernel
 // sets a GEMM's alpha in stream order, with no sync and inside a captured graph.
 struct GemmScalars {

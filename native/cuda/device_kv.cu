@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
 
+#include "resources.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_kernels.cuh"
@@ -518,7 +520,21 @@ std::shared_ptr<const KVBlock> cuda_scale_values(const KVBlock& b, float alpha) 
   DKI_CUDA_CHECK(cudaMemcpyAsync(out->device->v.get(), b.device->v.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
   launch_scale(out->device->v.get<float>(), alpha, b.elements(), s.get());
   s.wait();
+  if (cuda_block_abs_max(*out, false) == INFINITY) throw_scaled_overflow(alpha, cuda_block_abs_max(b, false));
   return out;
+}
+
+float cuda_block_abs_max(const KVBlock& b, bool keys) {
+  CopyStream s(b.device->device);
+  DeviceBuffer bits(sizeof(unsigned), "a block's largest value");
+  launch_absmax_bits(keys ? b.device->k.get<float>() : b.device->v.get<float>(), b.elements(), bits.get<unsigned>(), s.get());
+  unsigned h = 0;
+  DKI_CUDA_CHECK(cudaMemcpyAsync(&h, bits.get(), sizeof h, cudaMemcpyDeviceToHost, s.get()));
+  s.wait();
+  if (h >= 0x7f800000u) return INFINITY;
+  float f;
+  std::memcpy(&f, &h, sizeof f);
+  return f;
 }
 
 std::shared_ptr<const KVBlock> cuda_remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {

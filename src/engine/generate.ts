@@ -1,8 +1,8 @@
 // The generation loop: prefill, then sample → decode one token at a time, streaming text,
 // honouring stop strings, EOS, the token limit and an AbortSignal. Each native call runs off
 // the main thread, so the event loop keeps turning between and during tokens.
-import { DkiArgumentError } from "../errors.js";
-import { LogitsMode, native, type NativeContextHandle } from "./native.js";
+import { DkiArgumentError, NonFiniteError } from "../errors.js";
+import { isNativeNonFinite, LogitsMode, native, type NativeContextHandle } from "./native.js";
 import type { Model } from "./model.js";
 
 export interface SamplingOptions {
@@ -130,6 +130,18 @@ async function evalAbortable(ctx: NativeContextHandle, tokens: number[], mode: L
 }
 
 /**
+ * A native NaN/inf rejection as a NonFiniteError naming the generation step whose logits it
+ * concerns (0: the prompt's prefill, k: the k-th decode step); a segment's own fault is named
+ * by the segment, not a step. Other errors pass through.
+ */
+function atStep(e: unknown, step: number): unknown {
+  if (!isNativeNonFinite(e)) return e;
+  if (e.segment >= 0) return new NonFiniteError(`generate: ${e.message}`, undefined, e.segment);
+  const where = step === 0 ? "step 0 (the prompt's prefill)" : `step ${step} (decode)`;
+  return new NonFiniteError(`generate, ${where}: ${e.message}; stopped rather than sample from them`, step, undefined);
+}
+
+/**
  * Runs a generation in a context whose position base and segments the caller has set
  * (`ctx.reset(posBase)` / `ctx.setSegments`); the prompt goes in after any tokens already cached.
  * `signal` cancels the work: the caller's own (opts.signal) or another reason (the model's
@@ -159,7 +171,11 @@ export async function runGeneration(
   const t0 = performance.now();
   // One logits buffer for the whole generation: each step overwrites the last one's.
   const logits = new Float32Array(model.config.vocabSize);
-  await evalAbortable(ctx, prompt, LogitsMode.Last, signal, logits);
+  try {
+    await evalAbortable(ctx, prompt, LogitsMode.Last, signal, logits);
+  } catch (e) {
+    throw atStep(e, 0);
+  }
   // An abort that came as the prefill finished: still before the first token.
   if (signal?.aborted) throw abortError(signal);
   const prefillMs = performance.now() - t0;
@@ -229,7 +245,7 @@ export async function runGeneration(
         finishReason = "aborted";
         break;
       }
-      throw e;
+      throw atStep(e, i + 1);
     }
     decodeEvals++;
   }

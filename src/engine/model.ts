@@ -4,12 +4,12 @@ import { readGgufModel } from "../formats/gguf-model.js";
 import type { TensorInfo } from "../formats/safetensors.js";
 import { ggufTokenizer } from "../tokenizer/gguf-tokenizer.js";
 import type { ModelConfig } from "../formats/hf-config.js";
-import { DkiArgumentError } from "../errors.js";
+import { DkiArgumentError, NonFiniteError } from "../errors.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
 import type { ChatMessage } from "../tokenizer/chat-template.js";
 import { eitherSignal } from "../util/either-signal.js";
 import { Semaphore } from "../util/semaphore.js";
-import { LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeSegment, type NativeTensorSpec } from "./native.js";
+import { isNativeNonFinite, LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeSegment, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
 import { KVBlock } from "../kv/kv-block.js";
 
@@ -74,6 +74,12 @@ export interface LoadOptions {
   device?: Device;
   /** Which GPU when device is "cuda" or "auto" (default 0). */
   deviceIndex?: number;
+  /**
+   * Read every weight once at load and refuse the model at the first NaN/±inf, naming the tensor
+   * and element (llama.cpp's --check-tensors); default false, as it costs a pass over the files.
+   * Norms and biases, copied at load, are always checked.
+   */
+  checkTensors?: boolean;
 }
 
 export type Device = "cpu" | "cuda" | "auto";
@@ -92,6 +98,7 @@ function checkLoadOptions(opts: LoadOptions): void {
   integerIn("deviceIndex", opts.deviceIndex, 0, maxDevice, `an integer from 0 to ${maxDevice}`);
   if (opts.quantize !== undefined && opts.quantize !== "none" && opts.quantize !== "q8_0")
     throw new DkiArgumentError(`quantize must be "none" or "q8_0", got ${shown(opts.quantize)}`);
+  if (opts.checkTensors !== undefined && typeof opts.checkTensors !== "boolean") throw new DkiArgumentError(`checkTensors must be true or false, got ${shown(opts.checkTensors)}`);
 }
 
 /** A value as an error message shows it: strings quoted, so "2" and 2 differ. */
@@ -137,6 +144,33 @@ export interface ModelInfo {
   /** Where the model runs; deviceBytes are the weight bytes held in GPU memory (0 on the CPU). */
   device: "cpu" | "cuda";
   deviceBytes: number;
+  /**
+   * What the caller should know about this load, said once: a context window beyond the
+   * positions the model was trained on (it works; quality past them is the model's).
+   */
+  warnings: string[];
+}
+
+/** A segment that passed the α threshold, with its index in the caller's `segments`. */
+interface KeptSegment extends Required<Segment> {
+  index: number;
+}
+
+/**
+ * A NaN/inf error from a call with injected segments, worded for the caller: the segment the
+ * engine names (by its place among those injected) becomes its index in the caller's list, and
+ * non-finite logits say which segments were injected. Other errors pass through unchanged.
+ */
+function withSegments(e: unknown, what: string, kept: KeptSegment[]): unknown {
+  let err: NonFiniteError;
+  if (e instanceof NonFiniteError) err = e;
+  else if (isNativeNonFinite(e)) err = new NonFiniteError(`${what}: ${e.message}`, e.row >= 0 ? e.row : undefined, e.segment >= 0 ? e.segment : undefined);
+  else return e;
+  const at = err.segment === undefined ? undefined : kept[err.segment];
+  if (at) return new NonFiniteError(err.message.replace(/injected segment \d+/, `segments[${at.index}]`), err.step, at.index);
+  if (kept.length === 0) return err;
+  const list = kept.map((k) => `segments[${k.index}] (${k.kv.nTokens} tokens, α = ${k.alpha}, ${k.scaling} scaling)`).join(", ");
+  return new NonFiniteError(`${err.message}; injected: ${list}`, err.step, undefined);
 }
 
 /** What to generate from: plain text, chat messages (rendered with the chat template) or token ids. */
@@ -186,9 +220,16 @@ export class Model {
       quantize: opts.quantize ?? "none",
       device,
       deviceIndex: opts.deviceIndex,
+      checkTensors: opts.checkTensors ?? false,
     });
     const ni = handle.info();
     const contextSize = opts.contextSize ?? Math.min(c.maxPositionEmbeddings, 4096);
+    const warnings: string[] = [];
+    if (contextSize > c.maxPositionEmbeddings)
+      warnings.push(
+        `the context window of ${contextSize} tokens is beyond the ${c.maxPositionEmbeddings} positions the model was trained on (max_position_embeddings): ` +
+          "positions past them work, but how well the model does there is its own",
+      );
     const info: ModelInfo = {
       dir,
       config: c,
@@ -198,8 +239,18 @@ export class Model {
       dtypes: opts.quantize === "q8_0" ? ["Q8_0", "F32"] : [...new Set(files.tensors.map((t) => t.dtype))],
       device: ni.device,
       deviceBytes: ni.deviceBytes,
+      warnings,
     };
-    return new Model(handle, tokenizer, info, contextSize);
+    const model = new Model(handle, tokenizer, info, contextSize);
+    // Made now, not on first use: a window the memory cannot hold is refused by the load that
+    // asked for it (the native context sizes it before allocating; its pages then fill lazily).
+    try {
+      model.defaultCtx = model.createContext();
+    } catch (e) {
+      model.dispose();
+      throw new DkiArgumentError(`contextSize ${contextSize}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    return model;
   }
 
   /** The native handle, for K/V and context code in this package. */
@@ -271,21 +322,27 @@ export class Model {
    * Installs the segments that pass the α threshold into ctx at the positions the strategy
    * asks for; returns the blocks it made (remapped copies, on a GPU) so the caller can free them.
    */
-  private async injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): Promise<{ made: KVBlock[]; segmentTokens: number }> {
+  private async injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): Promise<{ made: KVBlock[]; segmentTokens: number; kept: KeptSegment[] }> {
     const threshold = inj.alphaThreshold ?? 0.1;
     if (!(threshold >= 0) || !Number.isFinite(threshold)) throw new DkiArgumentError(`alphaThreshold must be a finite number >= 0, got ${threshold}`);
     const positions = inj.positions ?? "negative";
     if (positions !== "negative" && positions !== "prefix") throw new DkiArgumentError(`positions must be "negative" or "prefix", got ${JSON.stringify(positions)}`);
-    const kept: Required<Segment>[] = [];
+    const kept: KeptSegment[] = [];
     if (inj.segments !== undefined && !Array.isArray(inj.segments)) throw new DkiArgumentError("segments must be an array of { kv, alpha?, scaling? }");
-    for (const s of inj.segments ?? []) {
+    for (const [index, s] of (inj.segments ?? []).entries()) {
       if (s === null || typeof s !== "object" || !(s.kv instanceof KVBlock)) throw new DkiArgumentError("each segment must be { kv: KVBlock, alpha?, scaling? }");
       const alpha = s.alpha ?? 1;
       const scaling = s.scaling ?? "value";
-      if (!Number.isFinite(alpha) || alpha < 0) throw new DkiArgumentError(`segment alpha must be a finite number >= 0, got ${alpha}`);
+      // The engine scales in 32-bit floats: 1e39 is finite here and +inf there.
+      if (typeof alpha !== "number" || !Number.isFinite(Math.fround(alpha)) || alpha < 0)
+        throw new DkiArgumentError(`segments[${index}]: alpha must be a finite number >= 0 (as a 32-bit float, at most ~3.4e38), got ${shown(alpha)}`);
       if (scaling !== "value" && scaling !== "logit") throw new DkiArgumentError(`segment scaling must be "value" or "logit", got ${JSON.stringify(scaling)}`);
+      if (scaling === "logit" && alpha === 0)
+        throw new DkiArgumentError(`segments[${index}]: alpha 0 with logit scaling would add ln 0 = -inf to its scores; leave the segment out (or raise alphaThreshold above 0) instead`);
       if (s.kv.fingerprint !== this.info.fingerprint) throw new DkiArgumentError("a segment's K/V block was computed by another model (fingerprint mismatch)");
-      if (alpha >= threshold && alpha > 0) kept.push({ kv: s.kv, alpha, scaling });
+      // The rule is exactly "injected when α >= alphaThreshold": α = 0 with threshold 0 is
+      // injected (value scaling: its columns keep their softmax share with zero values).
+      if (alpha >= threshold) kept.push({ index, kv: s.kv, alpha, scaling });
     }
     const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
     // Before the remapped copies below: an injection the GPU cannot hold would otherwise first
@@ -309,19 +366,22 @@ export class Model {
     }
     ctx.reset(positions === "negative" ? 0 : total);
     ctx.setSegments(placed);
-    return { made, segmentTokens: total };
+    return { made, segmentTokens: total, kept };
   }
 
   /** Runs fn in the shared context with the injection installed, then clears it. */
   private withInjection<T>(
+    what: string,
     inj: InjectionOptions,
     fn: (ctx: NativeContextHandle, segmentTokens: number, signal: AbortSignal) => Promise<T>,
     signal?: AbortSignal,
   ): Promise<T> {
     return this.withContext(async (ctx, either) => {
-      const { made, segmentTokens } = await this.injectSegments(ctx, inj);
+      const { made, segmentTokens, kept } = await this.injectSegments(ctx, inj);
       try {
         return await fn(ctx, segmentTokens, either);
+      } catch (e) {
+        throw withSegments(e, what, kept);
       } finally {
         ctx.setSegments([]);
         for (const b of made) b.dispose();
@@ -332,7 +392,7 @@ export class Model {
   /** Logits of every position of `tokens`, [n][vocab], optionally with injected segments. */
   async logits(tokens: number[], inj: InjectionOptions = {}): Promise<Float32Array[]> {
     this.checkTokens(tokens);
-    return this.withInjection(inj, async (ctx) => {
+    return this.withInjection("logits", inj, async (ctx) => {
       const all = (await ctx.eval(Int32Array.from(tokens), LogitsMode.All))!;
       const V = this.config.vocabSize;
       return tokens.map((_, i) => all.subarray(i * V, (i + 1) * V));
@@ -343,7 +403,7 @@ export class Model {
   async nextTokenEntropy(input: PromptInput, inj: InjectionOptions = {}): Promise<EntropyProbe> {
     const tokens = this.encodePrompt(input);
     this.checkTokens(tokens);
-    return this.withInjection(inj, async (ctx) => {
+    return this.withInjection("nextTokenEntropy", inj, async (ctx) => {
       const nats = entropy((await ctx.eval(Int32Array.from(tokens), LogitsMode.Last))!);
       return { nats, normalized: nats / Math.log(this.config.vocabSize) };
     });
@@ -360,7 +420,7 @@ export class Model {
     if (!Number.isInteger(layer) || layer < 0 || layer >= this.config.numLayers) {
       throw new DkiArgumentError(`layer must be an integer in 0..${this.config.numLayers - 1}, got ${layer}`);
     }
-    return this.withInjection(inj, async (ctx, segmentTokens) => {
+    return this.withInjection("attentionEntropy", inj, async (ctx, segmentTokens) => {
       ctx.setAttentionProbe(layer);
       try {
         await ctx.eval(Int32Array.from(tokens), LogitsMode.None);
@@ -377,7 +437,7 @@ export class Model {
   async generate(input: PromptInput, opts: GenerateOptions & InjectionOptions = {}): Promise<GenerateResult> {
     const prompt = this.encodePrompt(input);
     this.checkTokens(prompt);
-    return this.withInjection(opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, opts, segmentTokens, signal), opts.signal);
+    return this.withInjection("generate", opts, (ctx, segmentTokens, signal) => runGeneration(this, ctx, prompt, opts, segmentTokens, signal), opts.signal);
   }
 
   /**

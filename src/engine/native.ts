@@ -154,6 +154,8 @@ export interface NativeAddon {
     quantize?: "none" | "q8_0";
     device?: "cpu" | "cuda";
     deviceIndex?: number;
+    /** Read every weight once and refuse the model at the first NaN/inf (norms and biases are always checked). */
+    checkTensors?: boolean;
   }): Promise<NativeModelHandle>;
   NativeContext: new (model: NativeModelHandle, maxTokens: number) => NativeContextHandle;
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
@@ -204,6 +206,22 @@ export interface NativeAddon {
   lockFile(path: string): number;
   /** Closes a descriptor lockFile returned on this thread, letting go of its lock; refuses any other descriptor. */
   unlockFile(fd: number): void;
+}
+
+/**
+ * How a native call rejects when it meets a NaN or ±inf: `row` is the eval row whose logits were
+ * not finite (-1: not about logits), `segment` the index of the injected segment at fault (-1:
+ * none in particular). The TypeScript layer rewords it with what only it knows (the generation
+ * step, the segment's index in the caller's list) as a NonFiniteError.
+ */
+export interface NativeNonFiniteError extends Error {
+  code: "ERR_DKI_NOT_FINITE";
+  row: number;
+  segment: number;
+}
+
+export function isNativeNonFinite(e: unknown): e is NativeNonFiniteError {
+  return e instanceof Error && (e as { code?: unknown }).code === "ERR_DKI_NOT_FINITE";
 }
 
 /** The package root: the nearest folder above this file whose package.json is dki-engine's. */
