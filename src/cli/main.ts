@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import { registerGenerateCommands } from "./generate.js";
 import { registerModelsCommand } from "./models.js";
+import { registerChatCommand } from "./chat.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -29,6 +30,7 @@ program
   .configureOutput({ outputError: (text, write) => write(`dki: ${text.trim().replace(/^error: /, "")} (see --help)\n`) });
 registerGenerateCommands(program);
 registerModelsCommand(program);
+registerChatCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.
