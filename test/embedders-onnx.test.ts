@@ -279,6 +279,8 @@ describe("OnnxEmbedder model-folder errors", () => {
     expect(e.maxLength).toBe(256);
     await expect(e.embed(["word ".repeat(100)])).rejects.toThrow(/model\.onnx: onnxruntime failed to run it on a batch of 1×102 tokens/);
     await e.close();
+    await e.close(); // twice is harmless
+    await expect(e.embed(["hello"])).rejects.toThrow(/onnx:short-positions:[0-9a-f]{12}:mean is closed/);
   });
 });
 

@@ -59,6 +59,7 @@ interface ModelPlan {
 export class OnnxEmbedder implements Embedder {
   readonly id: string;
   readonly dim: number;
+  private closed = false;
 
   private constructor(
     id: string,
@@ -122,6 +123,7 @@ export class OnnxEmbedder implements Embedder {
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {
+    if (this.closed) throw new DkiArgumentError(`OnnxEmbedder.embed: ${this.id} is closed`);
     if (!Array.isArray(texts)) throw new DkiArgumentError("OnnxEmbedder.embed: expected an array of strings");
     texts.forEach((t, i) => {
       if (typeof t !== "string") throw new DkiArgumentError(`OnnxEmbedder.embed: texts[${i}] is a ${typeof t}, not a string`);
@@ -145,6 +147,8 @@ export class OnnxEmbedder implements Embedder {
 
   /** Frees onnxruntime's session; the embedder cannot be used afterwards. */
   async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
     await this.session.release();
   }
 
