@@ -1,0 +1,448 @@
+// The knowledge base: collections of documents, each parsed, chunked and embedded, stored in LMDB
+// beside the memory store, searched with the memory layer's retrieval (dense + BM25 fused by RRF).
+//
+// Writes are atomic per document: everything that can fail (reading, parsing, chunking, embedding)
+// happens before the one LMDB transaction that replaces a document's chunks, so a failed ingestion
+// leaves the collection exactly as it was, and a reader never sees half of a re-ingested document.
+import { createHash } from "node:crypto";
+import { mkdir, readFile, stat } from "node:fs/promises";
+import { basename, isAbsolute, relative, resolve } from "node:path";
+import { open, type Database, type RootDatabase } from "lmdb";
+import { DkiArgumentError } from "../../errors.js";
+import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.js";
+import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer } from "./chunk.js";
+import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
+import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
+
+export const KB_SCHEMA_VERSION = 1;
+
+export interface KnowledgeBaseOptions {
+  /** The knowledge base's folder (LMDB files). */
+  dir: string;
+  embedder: Embedder;
+  /** Counts tokens for chunking: the model's tokenizer, so a 512-token chunk is 512 of the model's tokens. */
+  tokenizer: ChunkTokenizer;
+  /** Documents larger than this are refused before they are read. Default 32 MiB. */
+  maxDocumentBytes?: number;
+  /** A document that would make more chunks than this is refused. Default 20 000. */
+  maxChunksPerDocument?: number;
+}
+
+/** The fields of a document that filters can name (beside docId, title, docType). */
+export interface DocumentMetadata {
+  category?: string;
+  source?: string;
+  chapter?: string | number;
+  sessionId?: string;
+  /** ms since the epoch, or an ISO-8601 date. Default: the time of ingestion. */
+  createdAt?: number | string;
+  [custom: string]: JsonValue | undefined;
+}
+
+export interface CollectionInfo {
+  name: string;
+  createdAt: number;
+  embedderId: string;
+  dim: number;
+  documents: number;
+  chunks: number;
+  /** Custom metadata keys its documents carry (filterable beside the standard fields). */
+  customFields: string[];
+}
+
+export interface KbDocument {
+  collection: string;
+  docId: string;
+  title?: string;
+  docType: DocType;
+  /** sha256 of the bytes, the chunk settings and the metadata: equal means re-ingesting changes nothing. */
+  contentHash: string;
+  /** Filterable fields: docId, title, docType, category, source, chapter, sessionId, createdAt and custom keys. */
+  fields: Metadata;
+  chunkIds: string[];
+  bytes: number;
+  chars: number;
+  ingestedAt: number;
+}
+
+export interface KbChunk {
+  id: string;
+  collection: string;
+  docId: string;
+  index: number;
+  text: string;
+  start: number;
+  end: number;
+  tokenCount: number;
+  headingPath: string[];
+  page?: number;
+}
+
+export interface IngestOptions {
+  collection: string;
+  /** Default: the path relative to the working directory (the file name for `ingestText`'s required id). */
+  docId?: string;
+  /** Default: from the file's extension. */
+  docType?: DocType;
+  metadata?: DocumentMetadata;
+  chunk?: ChunkOptions;
+}
+
+export interface IngestResult {
+  docId: string;
+  status: "added" | "replaced" | "unchanged";
+  chunks: number;
+  /** Chunks dropped because the document already had one with the same id (same text). */
+  duplicatesSkipped: number;
+}
+
+interface CollectionRecord {
+  name: string;
+  createdAt: number;
+  embedderId: string;
+  dim: number;
+  customFields: string[];
+}
+
+interface StoredChunk extends KbChunk {
+  vector: Uint8Array;
+}
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+const SEP = "\u0000";
+const docKey = (c: string, d: string) => `${c}${SEP}${d}`;
+const chunkKey = (c: string, id: string) => `${c}${SEP}${id}`;
+const prefixRange = (c: string) => ({ start: `${c}${SEP}`, end: `${c}\u0001` });
+
+export function checkCollectionName(name: unknown): asserts name is string {
+  if (typeof name !== "string" || !NAME.test(name)) {
+    throw new DkiArgumentError(`collection name ${JSON.stringify(name)} must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit`);
+  }
+}
+
+function checkDocId(id: unknown): asserts id is string {
+  if (typeof id !== "string" || id.trim() === "" || id.length > 512 || id.includes(SEP)) throw new DkiArgumentError(`document id ${JSON.stringify(id)} must be a non-empty string of at most 512 characters`);
+}
+
+function isScalar(v: unknown): v is string | number | boolean | null {
+  return v === null || typeof v === "string" || (typeof v === "number" && Number.isFinite(v)) || typeof v === "boolean";
+}
+
+/** The document's filterable fields from the caller's metadata, each checked. */
+function documentFields(docId: string, docType: DocType, title: string | undefined, meta: DocumentMetadata | undefined, now: number): Metadata {
+  if (meta !== undefined && (meta === null || typeof meta !== "object" || Array.isArray(meta))) throw new DkiArgumentError("metadata must be a JSON object");
+  const fields: Metadata = { docId, docType, createdAt: now };
+  if (title !== undefined) fields.title = title;
+  for (const [k, v] of Object.entries(meta ?? {})) {
+    if (v === undefined) continue;
+    if (k === "docId" || k === "docType" || k === "title") throw new DkiArgumentError(`metadata.${k} is set by the knowledge base; use the ${k === "docId" ? "document id" : k === "docType" ? "document type" : "document's own title"} option instead`);
+    if (k === "category" || k === "source" || k === "sessionId") {
+      if (typeof v !== "string") throw new DkiArgumentError(`metadata.${k} must be a string, got ${JSON.stringify(v)}`);
+    } else if (k === "chapter") {
+      if (typeof v !== "string" && !(typeof v === "number" && Number.isFinite(v))) throw new DkiArgumentError(`metadata.chapter must be a string or a number, got ${JSON.stringify(v)}`);
+    } else if (k === "createdAt") {
+      const t = typeof v === "number" ? v : typeof v === "string" ? Date.parse(v) : NaN;
+      if (!Number.isFinite(t)) throw new DkiArgumentError(`metadata.createdAt must be ms since the epoch or an ISO-8601 date, got ${JSON.stringify(v)}`);
+      fields.createdAt = t;
+      continue;
+    } else if (!isScalar(v) && !(Array.isArray(v) && v.every(isScalar))) {
+      throw new DkiArgumentError(`metadata.${k} must be a string, number, boolean, null or an array of those`);
+    }
+    fields[k] = v as JsonValue;
+  }
+  return fields;
+}
+
+const vectorBytes = (v: Float32Array): Uint8Array => new Uint8Array(v.buffer.slice(v.byteOffset, v.byteOffset + v.byteLength));
+const vectorOf = (b: Uint8Array): Float32Array => new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+
+/** A collection's chunks as the retrieval index sees them: texts, vectors and the document fields. */
+export interface CollectionSnapshot {
+  chunks: KbChunk[];
+  vectors: Float32Array[];
+  fields: Map<string, Metadata>;
+  documents: Map<string, KbDocument>;
+}
+
+export class KnowledgeBase {
+  private closed = false;
+  /** Bumped on every write to a collection: search indexes built at an older version are rebuilt. */
+  private readonly versions = new Map<string, number>();
+
+  private constructor(
+    private readonly root: RootDatabase,
+    private readonly collections: Database<CollectionRecord, string>,
+    private readonly documents: Database<KbDocument, string>,
+    private readonly chunks: Database<StoredChunk, string>,
+    readonly embedder: Embedder,
+    readonly tokenizer: ChunkTokenizer,
+    private readonly maxDocumentBytes: number,
+    private readonly maxChunks: number,
+  ) {}
+
+  static async open(o: KnowledgeBaseOptions): Promise<KnowledgeBase> {
+    if (o === null || typeof o !== "object" || typeof o.dir !== "string" || o.dir === "") throw new DkiArgumentError("KnowledgeBase.open needs { dir, embedder, tokenizer }");
+    if (!o.embedder || typeof o.embedder.embed !== "function") throw new DkiArgumentError("KnowledgeBase.open: embedder must be an Embedder");
+    if (!o.tokenizer || typeof o.tokenizer.encode !== "function") throw new DkiArgumentError("KnowledgeBase.open: tokenizer must be a Tokenizer");
+    const maxBytes = o.maxDocumentBytes ?? 32 * 2 ** 20;
+    const maxChunks = o.maxChunksPerDocument ?? 20000;
+    if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) throw new DkiArgumentError(`maxDocumentBytes must be a positive integer, got ${maxBytes}`);
+    if (!Number.isSafeInteger(maxChunks) || maxChunks < 1) throw new DkiArgumentError(`maxChunksPerDocument must be a positive integer, got ${maxChunks}`);
+    await mkdir(o.dir, { recursive: true });
+    const root = open({ path: resolve(o.dir, "kb.lmdb"), compression: false });
+    const meta = root.openDB<{ version: number }, string>({ name: "meta" });
+    const v = meta.get("schema");
+    if (v === undefined) await meta.put("schema", { version: KB_SCHEMA_VERSION });
+    else if (v.version !== KB_SCHEMA_VERSION) {
+      await root.close();
+      throw new DkiArgumentError(`${o.dir}: knowledge base schema version ${v.version}, this build reads ${KB_SCHEMA_VERSION}`);
+    }
+    return new KnowledgeBase(
+      root,
+      root.openDB<CollectionRecord, string>({ name: "collections" }),
+      root.openDB<KbDocument, string>({ name: "documents" }),
+      root.openDB<StoredChunk, string>({ name: "chunks" }),
+      o.embedder,
+      o.tokenizer,
+      maxBytes,
+      maxChunks,
+    );
+  }
+
+  private live(): void {
+    if (this.closed) throw new DkiArgumentError("this KnowledgeBase has been closed");
+  }
+
+  /** Every collection with its counts. */
+  listCollections(): CollectionInfo[] {
+    this.live();
+    return [...this.collections.getRange()].map(({ value: c }) => this.info(c));
+  }
+
+  private info(c: CollectionRecord): CollectionInfo {
+    let documents = 0;
+    let chunks = 0;
+    for (const { value } of this.documents.getRange(prefixRange(c.name))) {
+      documents++;
+      chunks += value.chunkIds.length;
+    }
+    return { name: c.name, createdAt: c.createdAt, embedderId: c.embedderId, dim: c.dim, documents, chunks, customFields: c.customFields };
+  }
+
+  /** A collection's record, or an error naming it and the collections that exist. */
+  private collection(name: string): CollectionRecord {
+    checkCollectionName(name);
+    const c = this.collections.get(name);
+    if (c === undefined) {
+      const names = [...this.collections.getKeys()].map(String);
+      throw new DkiArgumentError(`no collection ${JSON.stringify(name)}${names.length > 0 ? `; collections: ${names.join(", ")}` : " (the knowledge base is empty)"}`);
+    }
+    return c;
+  }
+
+  getCollection(name: string): CollectionInfo {
+    this.live();
+    return this.info(this.collection(name));
+  }
+
+  /** The fields a filter on this collection may name. */
+  fieldsOf(collection: string): Set<string> {
+    return new Set([...DOCUMENT_FIELDS, ...this.collection(collection).customFields]);
+  }
+
+  listDocuments(collection: string): KbDocument[] {
+    this.live();
+    this.collection(collection);
+    return [...this.documents.getRange(prefixRange(collection))].map(({ value }) => value);
+  }
+
+  getDocument(collection: string, docId: string): KbDocument | undefined {
+    this.live();
+    this.collection(collection);
+    return this.documents.get(docKey(collection, docId));
+  }
+
+  getChunk(collection: string, chunkId: string): KbChunk | undefined {
+    this.live();
+    const c = this.chunks.get(chunkKey(collection, chunkId));
+    if (c === undefined) return undefined;
+    const { vector: _v, ...chunk } = c;
+    return chunk;
+  }
+
+  /** Version of a collection's contents (for index caches). */
+  version(collection: string): number {
+    return this.versions.get(collection) ?? 0;
+  }
+
+  /** Reads a file and ingests it. The document id defaults to its path relative to the working directory. */
+  async ingestFile(path: string, o: IngestOptions): Promise<IngestResult> {
+    this.live();
+    if (typeof path !== "string" || path === "") throw new DkiArgumentError("ingestFile needs a file path");
+    const docType = o.docType ?? docTypeOf(path);
+    let size: number;
+    try {
+      const s = await stat(path);
+      if (!s.isFile()) throw new DkiArgumentError(`${path} is not a file`);
+      size = s.size;
+    } catch (e) {
+      if (e instanceof DkiArgumentError) throw e;
+      throw new DkiArgumentError(`cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+    this.checkSize(path, size);
+    const bytes = new Uint8Array(await readFile(path));
+    this.checkSize(path, bytes.length);
+    const rel = relative(process.cwd(), resolve(path));
+    const docId = o.docId ?? (rel.startsWith("..") || isAbsolute(rel) ? resolve(path) : rel);
+    return this.ingestBytes(bytes, { ...o, docId, docType }, basename(path));
+  }
+
+  /** Ingests text (or a document's bytes) under a document id. */
+  async ingestText(content: string | Uint8Array, o: IngestOptions & { docId: string; docType?: DocType }): Promise<IngestResult> {
+    this.live();
+    const bytes = typeof content === "string" ? new Uint8Array(Buffer.from(content, "utf8")) : content;
+    if (!(bytes instanceof Uint8Array)) throw new DkiArgumentError("ingestText takes a string or a Uint8Array");
+    checkDocId(o.docId);
+    this.checkSize(o.docId, bytes.length);
+    return this.ingestBytes(bytes, { ...o, docType: o.docType ?? "text" }, o.docId);
+  }
+
+  private checkSize(name: string, size: number): void {
+    if (size > this.maxDocumentBytes) {
+      throw new DkiArgumentError(`${name}: ${(size / 2 ** 20).toFixed(1)} MiB is over the ${(this.maxDocumentBytes / 2 ** 20).toFixed(1)} MiB limit of one document (maxDocumentBytes); split it`);
+    }
+  }
+
+  private async ingestBytes(bytes: Uint8Array, o: IngestOptions & { docId: string; docType: DocType }, name: string): Promise<IngestResult> {
+    checkCollectionName(o.collection);
+    checkDocId(o.docId);
+    if (!DOC_TYPES.includes(o.docType)) throw new DkiArgumentError(`unsupported document type ${JSON.stringify(o.docType)}; supported: ${DOC_TYPES.join(", ")}`);
+    const chunkOpts = resolveChunkOptions(o.chunk);
+    const existing = this.collections.get(o.collection);
+    if (existing && existing.embedderId !== this.embedder.id) {
+      throw new DkiArgumentError(`collection ${JSON.stringify(o.collection)} holds vectors of embedder ${existing.embedderId}; this knowledge base was opened with ${this.embedder.id}`);
+    }
+    const now = Date.now();
+    // Everything that can fail happens here, before the transaction.
+    const parsed = await parseDocument(bytes, o.docType, name);
+    const fields = documentFields(o.docId, o.docType, parsed.title, o.metadata, now);
+    const hash = createHash("sha256").update(bytes).update(JSON.stringify({ chunkOpts, fields: { ...fields, createdAt: o.metadata?.createdAt ?? null } })).digest("hex");
+    const old = this.documents.get(docKey(o.collection, o.docId));
+    if (old && old.contentHash === hash) return { docId: o.docId, status: "unchanged", chunks: old.chunkIds.length, duplicatesSkipped: 0 };
+    if (old && o.metadata?.createdAt === undefined) fields.createdAt = old.fields.createdAt ?? now;
+    const pieces = chunkDocument(this.tokenizer, parsed, chunkOpts);
+    if (pieces.length === 0) throw new DkiArgumentError(`${name}: no text to index after chunking`);
+    if (pieces.length > this.maxChunks) throw new DkiArgumentError(`${name}: ${pieces.length} chunks is over the ${this.maxChunks}-chunk limit of one document (maxChunksPerDocument); split it`);
+    // De-duplication by chunk id: the id hashes the document and the chunk's text, so a passage
+    // repeated in a document is indexed once, and an unchanged chunk keeps its id across versions.
+    const seen = new Set<string>();
+    const unique: (typeof pieces)[number][] = [];
+    const ids: string[] = [];
+    for (const p of pieces) {
+      const id = createHash("sha256").update(o.docId).update(SEP).update(p.text).digest("hex").slice(0, 32);
+      if (seen.has(id)) continue;
+      seen.add(id);
+      unique.push(p);
+      ids.push(id);
+    }
+    const vectors = await this.embedder.embed(unique.map((p) => p.text));
+    if (vectors.length !== unique.length || vectors.some((v) => v.length !== this.embedder.dim)) {
+      throw new Error(`embedder ${this.embedder.id} returned ${vectors.length} vectors for ${unique.length} texts, or vectors not of its dimension ${this.embedder.dim}`);
+    }
+    const customKeys = Object.keys(fields).filter((k) => !DOCUMENT_FIELDS.includes(k));
+    const doc: KbDocument = {
+      collection: o.collection,
+      docId: o.docId,
+      ...(parsed.title !== undefined ? { title: parsed.title } : {}),
+      docType: o.docType,
+      contentHash: hash,
+      fields,
+      chunkIds: ids,
+      bytes: bytes.length,
+      chars: parsed.text.length,
+      ingestedAt: now,
+    };
+    await this.root.transaction(() => {
+      // Read again inside the transaction: another ingestion may have changed the document since.
+      const current = this.documents.get(docKey(o.collection, o.docId));
+      for (const id of current?.chunkIds ?? []) this.chunks.remove(chunkKey(o.collection, id));
+      unique.forEach((p, i) => {
+        const stored: StoredChunk = { id: ids[i], collection: o.collection, docId: o.docId, index: p.index, text: p.text, start: p.start, end: p.end, tokenCount: p.tokenCount, headingPath: p.headingPath, ...(p.page !== undefined ? { page: p.page } : {}), vector: vectorBytes(vectors[i]) };
+        this.chunks.put(chunkKey(o.collection, ids[i]), stored);
+      });
+      this.documents.put(docKey(o.collection, o.docId), doc);
+      const c = this.collections.get(o.collection) ?? { name: o.collection, createdAt: now, embedderId: this.embedder.id, dim: this.embedder.dim, customFields: [] };
+      const custom = new Set([...c.customFields, ...customKeys]);
+      this.collections.put(o.collection, { ...c, customFields: [...custom].sort() });
+    });
+    this.bump(o.collection);
+    return { docId: o.docId, status: old ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length };
+  }
+
+  /** Removes a document and its chunks (one transaction). Returns whether it existed. */
+  async removeDocument(collection: string, docId: string): Promise<boolean> {
+    this.live();
+    this.collection(collection);
+    checkDocId(docId);
+    const removed = await this.root.transaction(() => {
+      const d = this.documents.get(docKey(collection, docId));
+      if (d === undefined) return false;
+      for (const id of d.chunkIds) this.chunks.remove(chunkKey(collection, id));
+      this.documents.remove(docKey(collection, docId));
+      return true;
+    });
+    if (removed) this.bump(collection);
+    return removed;
+  }
+
+  /** Removes a collection with every document and chunk. */
+  async removeCollection(name: string): Promise<void> {
+    this.live();
+    this.collection(name);
+    await this.root.transaction(() => {
+      for (const { key } of this.chunks.getRange(prefixRange(name))) this.chunks.remove(key);
+      for (const { key } of this.documents.getRange(prefixRange(name))) this.documents.remove(key);
+      this.collections.remove(name);
+    });
+    this.bump(name);
+  }
+
+  private bump(collection: string): void {
+    this.versions.set(collection, this.version(collection) + 1);
+  }
+
+  /** Every chunk of a collection with its vector and its document's fields (what the index is built from). */
+  snapshot(collection: string): CollectionSnapshot {
+    this.live();
+    this.collection(collection);
+    const documents = new Map<string, KbDocument>();
+    const fields = new Map<string, Metadata>();
+    for (const { value } of this.documents.getRange(prefixRange(collection))) {
+      documents.set(value.docId, value);
+      fields.set(value.docId, value.fields);
+    }
+    const chunks: KbChunk[] = [];
+    const vectors: Float32Array[] = [];
+    for (const { value } of this.chunks.getRange(prefixRange(collection))) {
+      const { vector, ...chunk } = value;
+      chunks.push(chunk);
+      vectors.push(vectorOf(vector));
+    }
+    return { chunks, vectors, fields, documents };
+  }
+
+  /** The documents of a collection that a filter selects (checked first: an unknown field is an error). */
+  selectDocuments(collection: string, filter: Filter | undefined): Set<string> | null {
+    if (filter === undefined) return null;
+    checkFilter(filter, this.fieldsOf(collection));
+    const out = new Set<string>();
+    for (const { value } of this.documents.getRange(prefixRange(collection))) if (matchesFilter(value.fields, filter)) out.add(value.docId);
+    return out;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.root.close();
+  }
+}
