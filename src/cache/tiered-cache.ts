@@ -251,7 +251,7 @@ export class TieredKVCache {
     if (l1OnDevice && !onCuda) throw new DkiArgumentError('l1OnDevice needs a model loaded with device "cuda"; this one runs on the CPU');
     const maxLoads = opts.maxConcurrentLoads ?? 2;
     if (!Number.isInteger(maxLoads) || maxLoads < 1) throw new DkiArgumentError(`maxConcurrentLoads must be a positive integer, got ${maxLoads}`);
-    await mkdir(dir, { recursive: true });
+    await makeFolder(dir);
     const lock = await FolderLock.acquire(dir);
     try {
       const l3 = await L3Files.open(dir, budgets.l3Bytes, halfLife);
@@ -788,4 +788,17 @@ function addCount<K extends object>(counts: Map<K, number> | WeakMap<K, number>,
   const n = (counts.get(key) ?? 0) + delta;
   if (n > 0) counts.set(key, n);
   else counts.delete(key);
+}
+
+/** Creates the L3 folder, naming what stands in the way when it cannot (mkdir says only EEXIST or ENOTDIR). */
+async function makeFolder(dir: string): Promise<void> {
+  try {
+    await mkdir(dir, { recursive: true });
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === "EEXIST") throw new DkiArgumentError(`dir: ${dir} is a file; the L3 tier needs a folder there`);
+    if (code === "ENOTDIR") throw new DkiArgumentError(`dir: a part of ${dir} is a file, not a folder; the L3 tier needs a folder there`);
+    if (code === "EACCES" || code === "EPERM" || code === "EROFS") throw new DkiArgumentError(`dir: cannot create the folder ${dir} (${code}): the L3 tier must be able to write there`);
+    throw e;
+  }
 }

@@ -24,6 +24,7 @@ interface GenerateFlags {
   quantize: "none" | "q8_0";
   stop?: string[];
   format: "text" | "json";
+  checkTensors?: boolean;
 }
 
 interface LogitsFlags {
@@ -32,6 +33,7 @@ interface LogitsFlags {
   threads?: number;
   device: Device;
   format: "json";
+  checkTensors?: boolean;
 }
 
 interface MemoryFlags {
@@ -72,16 +74,37 @@ async function memoryInjection(model: Model, flags: MemoryFlags): Promise<Inject
 
 const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 
+/** Loads the model and says once, on stderr, what its load warned about (a window beyond the trained positions). */
+async function loadModel(path: string, opts: Parameters<typeof Model.load>[1]): Promise<Model> {
+  const model = await Model.load(path, opts);
+  for (const w of model.info.warnings) process.stderr.write(`dki: warning: ${w}\n`);
+  return model;
+}
+
+/** The stats line's account of the memory: what was injected and how, or why nothing was. */
+function memorySummary(flags: MemoryFlags, segmentTokens: number): string {
+  if (flags.memory === undefined && flags.memoryTokens === undefined) return "";
+  if (segmentTokens === 0) return ` | memory not injected: α ${flags.alpha} < threshold ${flags.alphaThreshold}`;
+  return ` | memory: ${segmentTokens} token${segmentTokens === 1 ? "" : "s"} injected as K/V, α ${flags.alpha} (${flags.scaling} scaling, ${flags.positions} positions)`;
+}
+
 async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promise<void> {
   if ((flags.prompt === undefined) === (flags.promptTokens === undefined)) throw new Error("give exactly one of --prompt and --prompt-tokens");
   if (flags.chat && flags.promptTokens) throw new Error("--chat puts --prompt text into the chat template; it cannot be used with --prompt-tokens");
   if (flags.system !== undefined && !flags.chat) throw new Error("--system is a chat message; give --chat with it");
   checkMemoryFlags(flags, cmd);
+  if (flags.stop?.some((s) => s === "")) throw new Error("--stop: an empty stop string would match before any text; give non-empty strings");
   // Checked here, not by the option parser, so that --help works without the native addon.
   const maxContext = native().limits.contextTokens;
   if (flags.contextSize !== undefined && flags.contextSize > maxContext) throw new Error(`--context-size must be an integer in [1, ${maxContext}], got "${flags.contextSize}"`);
   await checkModelPath(flags.model, "--model");
-  const model = await Model.load(flags.model, { threads: flags.threads, quantize: flags.quantize, device: flags.device, contextSize: flags.contextSize });
+  const model = await loadModel(flags.model, {
+    threads: flags.threads,
+    quantize: flags.quantize,
+    device: flags.device,
+    contextSize: flags.contextSize,
+    checkTensors: flags.checkTensors === true,
+  });
   try {
     if (flags.promptTokens) model.checkTokenIds(flags.promptTokens, "--prompt-tokens");
     const input = flags.promptTokens
@@ -144,7 +167,7 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
       const firstToken = flags.maxTokens === 0 ? "none" : `${s.timeToFirstTokenMs.toFixed(1)} ms`;
       process.stderr.write(
         `[${promptTokens}: prefill ${s.prefillTokPerS.toFixed(1)} tok/s | ${s.generatedTokens} generated: ` +
-          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${firstToken} | ${r.finishReason}]\n`,
+          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${firstToken}${memorySummary(flags, s.segmentTokens)} | ${r.finishReason}]\n`,
       );
     }
   } finally {
@@ -156,10 +179,11 @@ async function logits(flags: LogitsFlags & MemoryFlags, cmd: Command): Promise<v
   checkMemoryFlags(flags, cmd);
   await checkModelPath(flags.model, "--model");
   // The context is sized to the tokens, so logits needs no --context-size.
-  const model = await Model.load(flags.model, {
+  const model = await loadModel(flags.model, {
     threads: flags.threads,
     device: flags.device,
     contextSize: Math.max(flags.tokens.length, flags.memoryTokens?.length ?? 0, 1),
+    checkTensors: flags.checkTensors === true,
   });
   try {
     model.checkTokenIds(flags.tokens, "--tokens");
@@ -188,6 +212,7 @@ function memoryOptions(cmd: Command): Command {
 }
 
 const modelOption = ["-m, --model <path>", "model: a Hugging Face model folder or a .gguf file"] as const;
+const checkTensorsOption = ["--check-tensors", "read every weight at load and refuse the model at the first NaN/inf (costs a pass over the files)"] as const;
 
 // The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
 // so that --help works without the addon, and a test holds the two equal.
@@ -212,12 +237,14 @@ export function registerGenerateCommands(program: Command): void {
     .option("--stop <text...>", "stop strings")
     .option(
       "--context-size <n>",
-      "context window in tokens: the prompt plus the generated tokens, injected memory not counted (default: the model's maximum positions, at most 4096)",
+      "context window in tokens: the prompt plus the generated tokens, injected memory not counted (default: the model's maximum positions, at most 4096; " +
+        "more works, with a warning; its memory is checked first and taken as tokens fill it)",
       intOption("--context-size", 1),
     )
     .option(...threadsOption)
     .option(...deviceOption)
     .option("--quantize <type>", "quantise weights at load time: none or q8_0", choiceOption("--quantize", ["none", "q8_0"] as const), "none")
+    .option(...checkTensorsOption)
     .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
   memoryOptions(gen).action((flags: GenerateFlags & MemoryFlags, cmd: Command) => generate(flags, cmd));
 
@@ -228,6 +255,7 @@ export function registerGenerateCommands(program: Command): void {
     .requiredOption("--tokens <ids>", "comma-separated token ids", tokenListOption("--tokens"))
     .option(...threadsOption)
     .option(...deviceOption)
+    .option(...checkTensorsOption)
     .option("--format <format>", "json", choiceOption("--format", ["json"] as const), "json");
   memoryOptions(logitsCmd).action((flags: LogitsFlags & MemoryFlags, cmd: Command) => logits(flags, cmd));
 }

@@ -18,6 +18,7 @@ interface MakeTinyFlags {
   out: string;
   seed: number;
   shards: number;
+  force?: boolean;
 }
 
 interface PullFlags {
@@ -40,7 +41,7 @@ interface FormatFlags {
 const defaultModelDir = (name: string) => join("models", name);
 
 async function makeTiny(flags: MakeTinyFlags): Promise<void> {
-  await checkOutFolder(flags.out, "--out");
+  await checkOutFolder(flags.out, "--out", { flag: "--force", given: flags.force === true });
   const t0 = performance.now();
   const r = await makeTinyModel({ arch: flags.arch, preset: flags.preset, dtype: flags.dtype, out: flags.out, seed: flags.seed, shards: flags.shards });
   const secs = ((performance.now() - t0) / 1000).toFixed(1);
@@ -165,12 +166,13 @@ export function registerModelsCommand(program: Command): void {
   models
     .command("make-tiny")
     .description("write a random-weight Hugging Face model folder (vocab 49152, SmolLM2 tokenizer) for tests and benchmarks")
-    .requiredOption("--out <dir>", "output folder (created; generated files in it are replaced)")
+    .requiredOption("--out <dir>", "output folder: created, or empty unless --force")
     .option("--arch <arch>", `architecture: ${TINY_ARCHES.join(", ")}`, choiceOption("--arch", TINY_ARCHES), "llama")
     .option("--preset <name>", `shapes: ${TINY_PRESETS.join(", ")}`, choiceOption("--preset", TINY_PRESETS), "tiny")
     .option("--dtype <dtype>", `weight type: ${TINY_DTYPES.join(", ")}`, choiceOption("--dtype", TINY_DTYPES), "f32")
     .option("--seed <n>", "random seed (same seed, same bytes)", intOption("--seed"), 0)
     .option("--shards <n>", "number of safetensors files (> 1 writes an index)", intOption("--shards", 1), 1)
+    .option("--force", "write into a folder that is not empty, replacing the files make-tiny writes")
     .action(run((flags: MakeTinyFlags) => makeTiny(flags)));
 
   models

@@ -1,7 +1,7 @@
 // Checks of the paths a command is given, made before any work so that a wrong kind of path is
 // reported as what the user did wrong, not as the ENOTDIR/EISDIR/ENOENT of a file deep inside.
 import type { Stats } from "node:fs";
-import { stat } from "node:fs/promises";
+import { readdir, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 
 /** The path's stats, or null when nothing is there (ENOTDIR: a file stands where a folder would be). */
@@ -42,8 +42,15 @@ export async function checkOutFile(path: string, what: string): Promise<void> {
   if (!p.isDirectory()) throw new Error(`${what}: ${parent} is not a folder`);
 }
 
-/** A folder to write into (created when missing). */
-export async function checkOutFolder(path: string, what: string): Promise<void> {
+/**
+ * A folder to write into (created when missing). With `emptyUnless`, a folder that already holds
+ * something is refused unless that flag was given: writing there would replace files silently.
+ */
+export async function checkOutFolder(path: string, what: string, emptyUnless?: { flag: string; given: boolean }): Promise<void> {
   const s = await statOrNull(path);
   if (s && !s.isDirectory()) throw new Error(`${what} must be a folder; ${path} exists and is not a folder`);
+  if (s && emptyUnless && !emptyUnless.given) {
+    const n = (await readdir(path)).length;
+    if (n > 0) throw new Error(`${what}: ${path} is not empty (${n} entr${n === 1 ? "y" : "ies"}); give ${emptyUnless.flag} to write into it, replacing the files of the same names`);
+  }
 }

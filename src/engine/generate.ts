@@ -157,7 +157,10 @@ export async function runGeneration(
 ): Promise<GenerateResult> {
   const maxNew = opts.maxNewTokens ?? 128;
   if (!Number.isInteger(maxNew) || maxNew < 0) throw new DkiArgumentError(`maxNewTokens must be a non-negative integer, got ${maxNew}`);
-  const stops = (opts.stop ?? []).filter((s) => s.length > 0);
+  const stops = opts.stop ?? [];
+  // An empty stop string would match before any text: refused rather than silently dropped.
+  if (!Array.isArray(stops) || stops.some((s) => typeof s !== "string" || s.length === 0))
+    throw new DkiArgumentError(`stop must be an array of non-empty strings, got ${JSON.stringify(opts.stop)}`);
   const eos = new Set(opts.stopOnEos === false ? [] : [...model.tokenizer.eosIds, ...model.config.eosTokenIds]);
   const sampler = new (native().NativeSampler)(samplingParams(opts.sampling));
   const window = opts.sampling?.repetitionWindow ?? 64;
