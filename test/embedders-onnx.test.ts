@@ -171,6 +171,11 @@ describe("OnnxEmbedder on a generated BERT", () => {
     const long = "memory injection ".repeat(40) + "the end differs here";
     const short = await OnnxEmbedder.load(dir, { threads: 1, maxLength: 12 });
     const [v, same] = await short.embed([long, long.replace("the end differs here", "something else entirely")]);
+    // A 5 MB text costs no more than its first tokens: the tokenizer never sees most of it.
+    const started = performance.now();
+    const [huge] = await short.embed(["memory injection ".repeat(300_000)]);
+    expect(performance.now() - started).toBeLessThan(500);
+    expect(maxAbsDiff(huge, v)).toBe(0);
     await short.close();
     expect(maxAbsDiff(v, referenceEmbedding(weights, referenceIds(long, 12)))).toBeLessThan(1e-6);
     expect(maxAbsDiff(v, same)).toBe(0); // the tails were cut off

@@ -35,7 +35,7 @@ type IdType = "int64" | "int32";
 
 const DEFAULT_MAX_LENGTH = 256;
 const DEFAULT_BATCH_SIZE = 32;
-/** Token ids are all the tokenizer ever sees of a text beyond this many characters per allowed token. */
+/** The tokenizer sees at most this many characters of a text per token it may keep (see tokenise). */
 const CHARS_PER_TOKEN_CAP = 64;
 /** Texts tokenised between event-loop yields. */
 const TOKENISE_CHUNK = 32;
