@@ -89,7 +89,7 @@ describe("dki generate", () => {
   });
 
   // The prompt keeps generating (a huge token limit and context) until the test interrupts it.
-  const endless = ["generate", "--prompt", "hi", "-n", "100000", "--context-size", "100000"];
+  const endless = ["generate", "--prompt", "hi", "-n", "100000", "--context-size", "4096"];
 
   test("Ctrl-C keeps the streamed text, ends with the stats line (aborted) and exits 130", async () => {
     let sent = false;
@@ -136,6 +136,25 @@ describe("dki generate", () => {
     expect(withMem.stats.prompt_tokens).toBe(plain.stats.prompt_tokens);
     const cut = JSON.parse((await dki([...base, "--memory", "I love hiking.", "--alpha", "0.05"])).stdout);
     expect(cut.tokens).toEqual(plain.tokens);
+  });
+
+  test("the text stats line says what memory was injected, or why none was", async () => {
+    const base = ["generate", "--model", dir, "--prompt", "What do I like?", "--max-tokens", "2", "--memory", "I love hiking."];
+    const n = (await Model.load(dir, { contextSize: 8 }).then((m) => [m.tokenizer.encode("I love hiking.").length, m.dispose()]))[0];
+    expect((await dki([...base, "--alpha", "0.8"])).stderr).toMatch(
+      new RegExp(`\\| memory: ${n} tokens injected as K/V, α 0\\.8 \\(value scaling, negative positions\\) \\| length\\]\n$`),
+    );
+    expect((await dki([...base, "--alpha", "0.05"])).stderr).toMatch(/\| memory not injected: α 0\.05 < threshold 0\.1 \| length\]\n$/);
+    expect((await dki(["generate", "--model", dir, "--prompt", "x", "-n", "1"])).stderr).not.toMatch(/memory/);
+  });
+
+  test("a window beyond the trained positions works and is warned about once; --check-tensors loads a sound model", async () => {
+    const { stdout, stderr } = await dki(["generate", "--model", dir, "--prompt", "x", "-n", "2", "--context-size", "100000", "--check-tensors", "--format", "json"]);
+    expect(JSON.parse(stdout).tokens).toHaveLength(2);
+    expect(stderr).toBe(
+      "dki: warning: the context window of 100000 tokens is beyond the 4096 positions the model was trained on (max_position_embeddings): " +
+        "positions past them work, but how well the model does there is its own\n",
+    );
   });
 });
 
@@ -223,6 +242,9 @@ describe("errors are one clear line, exit code 1", () => {
     [["generate", "--model", "MODEL", "--prompt"], /^dki: option '-p, --prompt <text>' argument missing \(see --help\)\n$/],
     [["generate", "--model", "MODEL", "--prompt", "x", "--max-tokens", ""], /--max-tokens must be an integer >= 0, got ""/],
     [["generate", "--model", "MODEL", "--prompt", "x", "--max-tokens", "0x5"], /--max-tokens must be an integer >= 0, got "0x5"/],
+    [["generate", "--model", "MODEL", "--prompt", "x", "--stop", "a", ""], /^dki: --stop: an empty stop string would match before any text; give non-empty strings\n$/],
+    // A NaN/inf met on the way is an error naming where, not a row of nulls with exit code 0.
+    [["logits", "--model", "MODEL", "--tokens", "1,2", "--memory", "y", "--alpha", "3e38"], /^dki: logits: .*segments\[0\] \(1 tokens/],
     ...(native().cuda().devices === 0 ? [[["logits", "--model", "MODEL", "--tokens", "1", "--device", "cuda"], /"cuda" was asked for but no GPU is usable/]] : []),
   ] as [string[], RegExp][])("%j", async (args, message) => {
     const { code, stderr } = await dkiFails(args.map((a) => (a === "MODEL" ? dir : a === "NOT_A_MODEL" ? join(repoRoot, "package.json") : a)));

@@ -1,6 +1,6 @@
 // `dki models ...` run in-process through commander: output, option validation, and errors as
 // one `dki: message` line with exit status 1.
-import { existsSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, expect, test } from "vitest";
 import { dki } from "./support/models-cli.js";
@@ -46,6 +46,18 @@ test("list names the registry models", async () => {
   const rows = JSON.parse(r.stdout) as { name: string; repo: string }[];
   expect(rows.map((m) => m.name)).toEqual(["smollm2-135m-instruct", "qwen2.5-0.5b-instruct"]);
   expect((await dki("models", "list")).stdout).toContain("HuggingFaceTB/SmolLM2-135M-Instruct");
+});
+
+test("make-tiny refuses a folder that is not empty unless --force", async () => {
+  const out = tempDir();
+  writeFileSync(join(out, "notes.txt"), "mine");
+  const r = await dki("models", "make-tiny", "--out", out);
+  expect(r.exitCode).toBe(1);
+  expect(r.stderr).toBe(`dki: --out: ${out} is not empty (1 entry); give --force to write into it, replacing the files of the same names\n`);
+  expect(readdirSync(out)).toEqual(["notes.txt"]);
+  expect((await dki("models", "make-tiny", "--out", out, "--force")).exitCode).toBe(0);
+  expect(readdirSync(out)).toContain("config.json");
+  expect(readFileSync(join(out, "notes.txt"), "utf8")).toBe("mine");
 });
 
 test("a path of the wrong kind is named as what the user got wrong, not as an errno", async () => {
