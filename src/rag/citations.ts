@@ -15,17 +15,17 @@ export interface CitationSource {
   title?: string;
 }
 
-export interface Citation {
+export interface Citation<S = CitationSource> {
   /** The number in the answer, 1-based, as in the prompt. */
   marker: number;
-  source: CitationSource;
+  source: S;
   /** Character offsets of every occurrence of the marker in the answer. */
   occurrences: { start: number; end: number }[];
 }
 
-export interface CitationMap {
+export interface CitationMap<S = CitationSource> {
   /** Each cited block once, in order of first appearance in the answer. */
-  citations: Citation[];
+  citations: Citation<S>[];
   /** Marker numbers in the answer that name no block (a model inventing sources shows here). */
   unknownMarkers: number[];
 }
@@ -45,8 +45,8 @@ export function contextBlock(text: string, s: CitationSource): string {
 const MARKER = /\[(\d{1,4}(?:\s*(?:,|-|–)\s*\d{1,4})*)\]/g;
 
 /** Maps the markers of an answer to the sources of the context blocks that were in the prompt. */
-export function extractCitations(answer: string, sources: readonly CitationSource[]): CitationMap {
-  const byMarker = new Map<number, Citation>();
+export function extractCitations<S>(answer: string, sources: readonly S[]): CitationMap<S> {
+  const byMarker = new Map<number, Citation<S>>();
   const unknown = new Set<number>();
   for (const m of answer.matchAll(MARKER)) {
     const numbers: number[] = [];

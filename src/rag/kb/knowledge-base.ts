@@ -13,6 +13,7 @@ import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.j
 import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer } from "./chunk.js";
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
+import { searchKnowledgeBase, type KbSearchDetail, type KbSearchOptions, type KbSearchResult } from "./search.js";
 
 export const KB_SCHEMA_VERSION = 1;
 
@@ -438,6 +439,17 @@ export class KnowledgeBase {
     const out = new Set<string>();
     for (const { value } of this.documents.getRange(prefixRange(collection))) if (matchesFilter(value.fields, filter)) out.add(value.docId);
     return out;
+  }
+
+  /** Hybrid search of a collection (see search.ts): the best chunks for a query, with their sources. */
+  async search(query: string, o: KbSearchOptions): Promise<KbSearchResult[]> {
+    return (await this.searchDetailed(query, o)).results;
+  }
+
+  /** search() with the queries it ran (multi-query rewrites) and HyDE's passage. */
+  async searchDetailed(query: string, o: KbSearchOptions): Promise<KbSearchDetail> {
+    this.live();
+    return searchKnowledgeBase(this, query, o);
   }
 
   async close(): Promise<void> {
