@@ -7,6 +7,7 @@ import { Command } from "commander";
 import { registerGenerateCommands } from "./generate.js";
 import { registerModelsCommand } from "./models.js";
 import { registerChatCommand } from "./chat.js";
+import { registerKbCommand } from "./kb.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -31,6 +32,7 @@ program
 registerGenerateCommands(program);
 registerModelsCommand(program);
 registerChatCommand(program);
+registerKbCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

@@ -6,7 +6,7 @@
 // leaves the collection exactly as it was, and a reader never sees half of a re-ingested document.
 import { createHash } from "node:crypto";
 import { mkdir, readFile, stat } from "node:fs/promises";
-import { basename, isAbsolute, relative, resolve } from "node:path";
+import { isAbsolute, relative, resolve } from "node:path";
 import { open, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../../errors.js";
 import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.js";
@@ -295,7 +295,7 @@ export class KnowledgeBase {
     this.checkSize(path, bytes.length);
     const rel = relative(process.cwd(), resolve(path));
     const docId = o.docId ?? (rel.startsWith("..") || isAbsolute(rel) ? resolve(path) : rel);
-    return this.ingestBytes(bytes, { ...o, docId, docType }, basename(path));
+    return this.ingestBytes(bytes, { ...o, docId, docType }, path);
   }
 
   /** Ingests text (or a document's bytes) under a document id. */
