@@ -1,0 +1,378 @@
+// RAGSystem: the baseline of seed 000 §3, on the same store, routing and user scoping as DKISystem,
+// so a comparison of the two measures how memory reaches the model and nothing else:
+//
+//   route    the user's memories for the query: routeMemories with DKI's maxMemories (shared code)
+//   kb       optionally, a knowledge-base collection's chunks for the query (hybrid search)
+//   history  the session's recent messages from the store
+//   prompt   buildRagPrompt: 512 reserved, context ≤ 50% of the rest, history newest first, forced
+//            fallback to the bare query; the chat template when the model has one (as DKI)
+//   generate stream tokens (time to first token measured from the chat() call)
+//   record   user row, assistant row (injection_mode "rag"), audit row "rag_generate": one transaction
+//
+// Knowledge as K/V (`kbMode: "kv"`): the chunks are injected as K/V blocks from the tiered cache,
+// each computed once behind a shared encoding prefix (BOS + system prompt), instead of as prompt
+// text (Prompt Cache / TurboRAG / Block-Attention). A model not trained for blocks encoded apart
+// loses the attention between chunks and sees each start with its own prefix: expect lower answer
+// quality than text on such a model.
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import { Model, type LoadOptions, type Segment } from "../engine/model.js";
+import type { FinishReason, SamplingOptions } from "../engine/generate.js";
+import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
+import { DkiArgumentError } from "../errors.js";
+import type { Embedder, Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import { assembleBlocks, type Assembly } from "../dki/assembly.js";
+import { analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
+import { resolveConfig, type DKIConfig, type DKIConfigInput } from "../dki/config.js";
+import { FairQueue } from "../dki/fair-queue.js";
+import { routeMemories } from "../dki/routing.js";
+import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
+import type { StoreOpener } from "../dki/system.js";
+import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
+import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
+import type { KnowledgeBase } from "./kb/knowledge-base.js";
+import type { KbSearchOptions, KbSearchResult } from "./kb/search.js";
+
+export type KbMode = "text" | "kv";
+
+export interface RAGConfig {
+  /** The largest share of the prompt budget (after the fixed part) retrieved context may take. Default 0.5. */
+  contextShare: number;
+  /** "auto": the chat template when the model has one and config.chatTemplate is "auto" (as DKI); else "seed" or "chat". */
+  layout: PromptLayout | "auto";
+  /** Knowledge-base chunks per turn. Default 5. */
+  kbTopK: number;
+}
+
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5 });
+
+export interface RAGSystemOptions {
+  /** A loaded model (the caller keeps owning it) or a model path (the system loads and disposes it). */
+  model: Model | string;
+  loadOptions?: LoadOptions;
+  dataDir: string;
+  embedder?: Embedder;
+  /** The shared settings: maxMemories, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
+  config?: DKIConfigInput;
+  rag?: Partial<RAGConfig>;
+  openStore?: StoreOpener;
+  /** A knowledge base for `collection` turns (the caller keeps owning it). */
+  knowledgeBase?: KnowledgeBase;
+  /** K/V cache folder for kbMode "kv" (default `<dataDir>/kv-cache`, opened on the first kv turn). */
+  cacheDir?: string;
+  budgets?: Partial<CacheBudgets>;
+}
+
+export interface RAGChatOptions {
+  userId: string;
+  sessionId: string;
+  maxNewTokens?: number;
+  sampling?: SamplingOptions;
+  stop?: string[];
+  onToken?: (text: string, tokenId: number) => void;
+  signal?: AbortSignal;
+  systemPrompt?: string;
+  /** false: no memory search this turn (knowledge base and history stay). */
+  useMemories?: boolean;
+  /** Search this knowledge-base collection too. */
+  collection?: string;
+  kbMode?: KbMode;
+  kbFilter?: Filter;
+  kbTopK?: number;
+  kbMinScore?: number;
+  /** Multi-query expansion / HyDE for the knowledge-base search, with this system's model. */
+  kbMultiQuery?: number;
+  kbHyde?: boolean;
+}
+
+export interface RAGMemoryUsed {
+  id: string;
+  text: string;
+  score: number;
+  /** Tokens of its context line in the prompt. */
+  tokens: number;
+}
+
+/** What a numbered context block of the prompt came from. */
+export type ContextSource = ({ kind: "memory"; memoryId: string } | ({ kind: "chunk" } & CitationSource)) & { score: number };
+
+export interface RAGResponse {
+  text: string;
+  finishReason: FinishReason;
+  /** The memories that made it into the prompt, in prompt order. */
+  memoriesUsed: RAGMemoryUsed[];
+  /** Every numbered block of the prompt ([1]..[n]) with its source; in kv mode the injected chunks, unnumbered. */
+  sources: ContextSource[];
+  /** The answer's markers mapped back to their blocks (text mode). */
+  citations: CitationMap<ContextSource>;
+  latency: LatencyBreakdown;
+  inputTokens: number;
+  outputTokens: number;
+  budget: BudgetAnalysis;
+  promptInfo: RagPromptInfo;
+  metadata: {
+    model: { dir: string; fingerprint: string };
+    userId: string;
+    sessionId: string;
+    layout: PromptLayout;
+    kbMode: KbMode | null;
+    collection: string | null;
+    /** Tokens of retrieved context in the prompt (memories and chunks as text). */
+    contextTokens: number;
+    /** Tokens of chunks injected as K/V (kv mode). */
+    injectedTokens: number;
+    contextsUsed: number;
+    contextsRetrieved: number;
+    historyKept: number;
+    historyTotal: number;
+    forcedFallback: boolean;
+    warnings: string[];
+    log: string[];
+    kbQueries: string[];
+  };
+}
+
+export class RAGSystem {
+  private readonly queue = new FairQueue();
+  private readonly counter: TokenCounter;
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private cache: TieredKVCache | null = null;
+  private closed = false;
+
+  private constructor(
+    readonly model: Model,
+    private readonly ownsModel: boolean,
+    readonly store: MemoryStoreApi,
+    readonly config: DKIConfig,
+    readonly rag: RAGConfig,
+    readonly knowledgeBase: KnowledgeBase | null,
+    private readonly cacheDir: string,
+    private readonly budgets: CacheBudgets,
+  ) {
+    this.counter = tokenCounter(model.tokenizer);
+  }
+
+  static async open(o: RAGSystemOptions): Promise<RAGSystem> {
+    if (o === null || typeof o !== "object") throw new DkiArgumentError("RAGSystem.open needs { model, dataDir }");
+    if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError("RAGSystem.open: dataDir must be a folder path");
+    if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError("RAGSystem.open: model must be a loaded Model or a model path");
+    if (o.openStore === undefined) throw new DkiArgumentError("RAGSystem.open: pass openStore (the memory store to open)");
+    const config = resolveConfig(o.config);
+    const rag = resolveRagConfig(o.rag);
+    const owns = typeof o.model === "string";
+    const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
+    try {
+      const store = await o.openStore({ dir: o.dataDir, embedder: o.embedder });
+      const budgets = { l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30, ...(o.budgets ?? {}) };
+      return new RAGSystem(model, owns, store, config, rag, o.knowledgeBase ?? null, o.cacheDir ?? join(o.dataDir, "kv-cache"), budgets);
+    } catch (e) {
+      if (owns) model.dispose();
+      throw e;
+    }
+  }
+
+  /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
+  async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
+    if (this.closed) throw new DkiArgumentError("this RAGSystem has been closed");
+    const p = this.turn(query, opts);
+    this.inFlight.add(p);
+    try {
+      return await p;
+    } finally {
+      this.inFlight.delete(p);
+    }
+  }
+
+  private async turn(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
+    const t0 = performance.now();
+    checkChat(query, opts);
+    const kbMode: KbMode | null = opts.collection === undefined ? null : (opts.kbMode ?? "text");
+    if (opts.collection !== undefined && this.knowledgeBase === null) throw new DkiArgumentError("this RAGSystem has no knowledge base: open it with knowledgeBase to search a collection");
+    const lat = emptyLatency();
+
+    // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
+    let t = performance.now();
+    const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: this.config.maxMemories });
+    let kb: KbSearchResult[] = [];
+    let kbQueries: string[] = [];
+    if (opts.collection !== undefined && this.knowledgeBase !== null) {
+      const so: KbSearchOptions = { collection: opts.collection, limit: opts.kbTopK ?? this.rag.kbTopK, filter: opts.kbFilter, minScore: opts.kbMinScore };
+      if (opts.kbMultiQuery !== undefined || opts.kbHyde) {
+        so.expand = { multiQuery: opts.kbMultiQuery, hyde: opts.kbHyde, generate: (prompt, maxNewTokens) => this.expansion(opts.userId, prompt, maxNewTokens, opts.signal) };
+      }
+      const found = await this.knowledgeBase.searchDetailed(query, so);
+      kb = found.results;
+      kbQueries = found.queries;
+    }
+    lat.routingMs = performance.now() - t;
+
+    // Prompt: memories then (text mode) chunks as numbered blocks, history, query.
+    t = performance.now();
+    const turns = await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages });
+    const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
+    const candidates: { text: string; source: ContextSource }[] = routed.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
+    const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
+    if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
+    const systemPrompt = opts.systemPrompt ?? this.config.systemPrompt;
+    const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
+    const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout });
+    const used = candidates.slice(0, built.contextsUsed);
+    lat.promptMs = performance.now() - t;
+
+    const tq = performance.now();
+    let ttftAt = 0;
+    const onToken = (text: string, id: number) => {
+      if (ttftAt === 0) ttftAt = performance.now();
+      opts.onToken?.(text, id);
+    };
+    const { result, genStart, assembly } = await this.queue.run(
+      opts.userId,
+      async () => {
+        lat.queueMs = performance.now() - tq;
+        let assembly: Assembly | null = null;
+        if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
+        try {
+          const segments: Segment[] = assembly?.segments ?? [];
+          const genStart = performance.now();
+          const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal });
+          return { result, genStart, assembly };
+        } finally {
+          assembly?.release();
+        }
+      },
+      opts.signal,
+    );
+    lat.prefillMs = result.stats.prefillMs;
+    lat.decodeMs = result.stats.decodeMs;
+    lat.ttftMs = ttftAt > 0 ? ttftAt - t0 : genStart - t0 + result.stats.timeToFirstTokenMs;
+
+    const memoriesUsed: RAGMemoryUsed[] = [];
+    used.forEach((c, i) => {
+      if (c.source.kind === "memory") {
+        const r = routed.find((x) => x.memory.id === (c.source as { memoryId: string }).memoryId)!;
+        memoriesUsed.push({ id: r.memory.id, text: r.memory.text, score: r.score, tokens: this.counter.count(`[${i + 1}] ${c.text}`) });
+      }
+    });
+    const sources = kbMode === "kv" ? [...used.map((c) => c.source), ...chunkSources] : used.map((c) => c.source);
+    const citations = extractCitations(result.text, used.map((c) => c.source));
+    const injectedTokens = assembly?.tokens ?? 0;
+    const contextTokens = built.tokenCounts.context;
+    const response: RAGResponse = {
+      text: result.text,
+      finishReason: result.finishReason,
+      memoriesUsed,
+      sources,
+      citations,
+      latency: lat,
+      inputTokens: built.tokens.length,
+      outputTokens: result.tokens.length,
+      // RAG's figures are the ones that apply: its memory tokens are in the prompt (n_m of n_m + n_u).
+      budget: analyzeBudget(Math.max(0, built.tokens.length - contextTokens), contextTokens),
+      promptInfo: built.info,
+      metadata: {
+        model: { dir: this.model.info.dir, fingerprint: this.model.info.fingerprint },
+        userId: opts.userId,
+        sessionId: opts.sessionId,
+        layout,
+        kbMode,
+        collection: opts.collection ?? null,
+        contextTokens,
+        injectedTokens,
+        contextsUsed: built.contextsUsed,
+        contextsRetrieved: candidates.length,
+        historyKept: built.historyKept,
+        historyTotal: built.historyTotal,
+        forcedFallback: built.forcedFallback,
+        warnings: built.warnings,
+        log: built.log,
+        kbQueries,
+      },
+    };
+    const tr = performance.now();
+    await this.store.conversations.recordTurn({
+      userId: opts.userId,
+      sessionId: opts.sessionId,
+      query,
+      response: result.text,
+      injectionMode: "rag",
+      memoryIds: memoriesUsed.map((m) => m.id),
+      latencyMs: tr - t0,
+      auditAction: "rag_generate",
+      auditMetadata: {
+        mode: "rag",
+        layout,
+        kbMode,
+        collection: opts.collection ?? null,
+        chunkIds: chunkSources.map((s) => s.chunkId),
+        inputTokens: response.inputTokens,
+        outputTokens: response.outputTokens,
+        contextTokens,
+        injectedTokens,
+        forcedFallback: built.forcedFallback,
+        finishReason: result.finishReason,
+      },
+    });
+    lat.recordMs = performance.now() - tr;
+    lat.totalMs = performance.now() - t0;
+    return response;
+  }
+
+  /** Knowledge-base chunks as K/V: each block computed once behind BOS + system prompt, then cached. */
+  private async kvChunks(kb: KbSearchResult[], systemPrompt: string, layout: PromptLayout, lat: LatencyBreakdown): Promise<Assembly> {
+    if (this.cache === null) this.cache = await TieredKVCache.open({ model: this.model, dir: this.cacheDir, budgets: this.budgets });
+    const tok = this.model.tokenizer;
+    const bos = tok.bosId !== null ? [tok.bosId] : [];
+    const sys = systemPrompt === "" ? [] : layout === "chat" ? tok.encode(tok.applyChatTemplate([{ role: "system", content: systemPrompt }]), { addSpecialTokens: false }) : tok.encode(`System: ${systemPrompt}\n\n`, { addSpecialTokens: false });
+    const prefix = bos.length > 0 && sys[0] !== bos[0] ? [...bos, ...sys] : sys;
+    // Chunk blocks are shared knowledge, not a user's memory: one cache scope per collection.
+    const scope = `kb:${kb[0].source.collection}`;
+    const t = performance.now();
+    const a = await assembleBlocks(this.cache, scope, prefix, kb.map((r) => ({ name: r.source.chunkId, tokens: tok.encode(`(source: ${sourceLabel(r.source)}) ${r.chunk.text}\n`, { addSpecialTokens: false }), alpha: 1 })));
+    for (const b of a.blocks) {
+      if (b.tier === "L4") lat.kvComputeMs += b.loadMs;
+      else lat.kvLoadMs[b.tier] += b.loadMs;
+    }
+    if (a.blocks.length === 0) lat.kvComputeMs += performance.now() - t;
+    return a;
+  }
+
+  /** A short generation for query expansion (multi-query, HyDE) with this system's model, in the user's turn. */
+  private async expansion(userId: string, prompt: string, maxNewTokens: number, signal?: AbortSignal): Promise<string> {
+    const r = await this.queue.run(userId, () => this.model.generate({ messages: [{ role: "user", content: prompt }] }, { maxNewTokens, signal }), signal);
+    return r.text;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.allSettled([...this.inFlight]);
+    try {
+      await this.cache?.close();
+    } finally {
+      try {
+        await this.store.close();
+      } finally {
+        if (this.ownsModel) this.model.dispose();
+      }
+    }
+  }
+}
+
+export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
+  if (input === null || typeof input !== "object") throw new DkiArgumentError("rag config must be an object");
+  const c = { ...DEFAULT_RAG_CONFIG, ...input };
+  if (!(typeof c.contextShare === "number" && c.contextShare >= 0 && c.contextShare <= 1)) throw new DkiArgumentError(`rag.contextShare must be in [0, 1], got ${String(c.contextShare)}`);
+  if (c.layout !== "auto" && c.layout !== "seed" && c.layout !== "chat") throw new DkiArgumentError(`rag.layout must be "auto", "seed" or "chat", got ${JSON.stringify(c.layout)}`);
+  if (!Number.isInteger(c.kbTopK) || c.kbTopK < 1 || c.kbTopK > 100) throw new DkiArgumentError(`rag.kbTopK must be an integer from 1 to 100, got ${String(c.kbTopK)}`);
+  return c;
+}
+
+function checkChat(query: unknown, opts: RAGChatOptions): void {
+  if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
+  if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
+  if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
+  if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+  if (opts.kbMode !== undefined && opts.kbMode !== "text" && opts.kbMode !== "kv") throw new DkiArgumentError(`kbMode must be "text" or "kv", got ${JSON.stringify(opts.kbMode)}`);
+  if (opts.kbMode !== undefined && opts.collection === undefined) throw new DkiArgumentError("kbMode needs a collection");
+  if (opts.kbTopK !== undefined && (!Number.isInteger(opts.kbTopK) || opts.kbTopK < 1 || opts.kbTopK > 100)) throw new DkiArgumentError(`kbTopK must be an integer from 1 to 100, got ${String(opts.kbTopK)}`);
+}
