@@ -1,0 +1,190 @@
+// Conversation import: real dialogue corpora in their published formats become memories, one user
+// per conversation and one memory per turn, so benchmarks run on real data at real scale.
+//
+//   LoCoMo       a list of samples (or one sample) with conversation: { speaker_a, speaker_b,
+//                session_<n>: [{ speaker, dia_id, text, blip_caption? }], session_<n>_date_time }
+//                (some copies put the session_* keys at the sample's top level) and qa: [...].
+//                User: sample_id, else conv-<index>. turnId: dia_id.
+//   LongMemEval  a list of { question_id, haystack_session_ids, haystack_dates,
+//                haystack_sessions: [[{ role, content }]] }. User: question_id.
+//                turnId: <session id>:<turn index>.
+// Each memory's text is "Speaker: text" (a LoCoMo image turn adds " [image: <caption>]", since the
+// caption is often what a question asks about) and its metadata { turnId, speaker, sessionId, date }.
+//
+// The whole file is checked before anything is written, and a shape error names the path inside
+// the file ("[3].conversation.session_2[5].text"). Users that already exist are refused, so an
+// import is never doubled; each user's memories are written in one transaction.
+import { readFile } from "node:fs/promises";
+import { ImportFormatError } from "./errors.js";
+import type { Metadata } from "./types.js";
+
+export type ImportFormat = "locomo" | "longmemeval" | "auto";
+
+export interface ImportResult {
+  format: "locomo" | "longmemeval";
+  users: { userId: string; memories: number }[];
+  memories: number;
+}
+
+export interface ImportedTurn {
+  /** Where the turn is in the file, for errors. */
+  at: string;
+  text: string;
+  sessionId: string;
+  metadata: Metadata;
+}
+
+export interface ImportedConversation {
+  userId: string;
+  turns: ImportedTurn[];
+}
+
+/** What import needs of the store. */
+export interface ImportTarget {
+  readonly maxTextChars: number;
+  listUsers(): string[];
+  insertTurns(userId: string, turns: ImportedTurn[]): Promise<number>;
+}
+
+/** Reads and checks a whole file; throws ImportFormatError naming the path of the first problem. */
+export async function parseConversations(file: string, format: ImportFormat = "auto"): Promise<{ format: "locomo" | "longmemeval"; conversations: ImportedConversation[] }> {
+  let data: unknown;
+  try {
+    data = JSON.parse(await readFile(file, "utf8"));
+  } catch (e) {
+    if (e instanceof SyntaxError) throw new ImportFormatError(file, "$", `not JSON: ${e.message}`);
+    throw new ImportFormatError(file, "$", `cannot read it: ${(e as Error).message}`);
+  }
+  const kind = format === "auto" ? detect(file, data) : format;
+  if (kind !== "locomo" && kind !== "longmemeval") throw new ImportFormatError(file, "$", `unknown format ${JSON.stringify(format)} (expected locomo, longmemeval or auto)`);
+  const conversations = kind === "locomo" ? parseLocomo(file, data) : parseLongMemEval(file, data);
+  const seen = new Map<string, number>();
+  conversations.forEach((c, i) => {
+    const earlier = seen.get(c.userId);
+    if (earlier !== undefined) throw new ImportFormatError(file, `[${i}]`, `user id ${JSON.stringify(c.userId)} is also that of [${earlier}]`);
+    seen.set(c.userId, i);
+  });
+  return { format: kind, conversations };
+}
+
+export async function importConversations(target: ImportTarget, file: string, options: { format?: ImportFormat; onProgress?: (done: number, total: number) => void } = {}): Promise<ImportResult> {
+  const { format, conversations } = await parseConversations(file, options.format ?? "auto");
+  const existing = new Set(target.listUsers());
+  const clash = conversations.find((c) => existing.has(c.userId));
+  if (clash !== undefined) throw new ImportFormatError(file, "$", `user ${JSON.stringify(clash.userId)} already exists in the store; erase it first (dki user erase) or import into another folder`);
+  for (const c of conversations) {
+    const long = c.turns.find((t) => t.text.length > target.maxTextChars);
+    if (long !== undefined) throw new ImportFormatError(file, long.at, `the turn is ${long.text.length} characters long as a memory; the store's maximum is ${target.maxTextChars} (maxTextChars)`);
+  }
+  const users: ImportResult["users"] = [];
+  options.onProgress?.(0, conversations.length);
+  for (const c of conversations) {
+    users.push({ userId: c.userId, memories: c.turns.length === 0 ? 0 : await target.insertTurns(c.userId, c.turns) });
+    options.onProgress?.(users.length, conversations.length);
+  }
+  return { format, users, memories: users.reduce((n, u) => n + u.memories, 0) };
+}
+
+function detect(file: string, data: unknown): "locomo" | "longmemeval" {
+  const first = Array.isArray(data) ? data[0] : data;
+  if (isObject(first)) {
+    if ("haystack_sessions" in first) return "longmemeval";
+    if ("conversation" in first || Object.keys(first).some((k) => SESSION.test(k))) return "locomo";
+  }
+  if (Array.isArray(data) && data.length === 0) throw new ImportFormatError(file, "$", "an empty list: nothing to import");
+  throw new ImportFormatError(file, Array.isArray(data) ? "[0]" : "$", "neither LoCoMo (conversation / session_<n>) nor LongMemEval (haystack_sessions); pass the format explicitly to see what is missing");
+}
+
+const SESSION = /^session_(\d+)$/;
+
+function parseLocomo(file: string, data: unknown): ImportedConversation[] {
+  const samples = Array.isArray(data) ? data : [data];
+  const prefix = Array.isArray(data) ? (i: number) => `[${i}]` : () => "$";
+  return samples.map((sample, i) => {
+    const at = prefix(i);
+    const s = object(file, at, sample);
+    const userId = s.sample_id === undefined ? `conv-${i}` : str(file, `${at}.sample_id`, s.sample_id);
+    const [conv, convAt] = s.conversation === undefined ? [s, at] : [object(file, `${at}.conversation`, s.conversation), `${at}.conversation`];
+    const sessions = Object.keys(conv)
+      .map((k) => SESSION.exec(k))
+      .filter((m): m is RegExpExecArray => m !== null)
+      .map((m) => ({ key: m[0], n: Number(m[1]) }))
+      .sort((a, b) => a.n - b.n);
+    if (sessions.length === 0) throw new ImportFormatError(file, convAt, "no session_<n> keys: not a LoCoMo conversation");
+    const turns: ImportedTurn[] = [];
+    for (const { key } of sessions) {
+      const list = conv[key];
+      const sAt = `${convAt}.${key}`;
+      if (!Array.isArray(list)) throw new ImportFormatError(file, sAt, `expected a list of turns, got ${kind(list)}`);
+      const dateValue = conv[`${key}_date_time`];
+      const date = dateValue === undefined ? null : str(file, `${convAt}.${key}_date_time`, dateValue);
+      list.forEach((turn, j) => {
+        const tAt = `${sAt}[${j}]`;
+        const t = object(file, tAt, turn);
+        const speaker = str(file, `${tAt}.speaker`, t.speaker);
+        const diaId = str(file, `${tAt}.dia_id`, t.dia_id);
+        const text = str(file, `${tAt}.text`, t.text, true);
+        const caption = t.blip_caption === undefined || t.blip_caption === null ? "" : str(file, `${tAt}.blip_caption`, t.blip_caption, true);
+        turns.push({ at: tAt, text: `${speaker}: ${text}${caption === "" ? "" : ` [image: ${caption}]`}`, sessionId: key, metadata: { turnId: diaId, speaker, sessionId: key, date } });
+      });
+    }
+    return { userId, turns };
+  });
+}
+
+function parseLongMemEval(file: string, data: unknown): ImportedConversation[] {
+  if (!Array.isArray(data)) throw new ImportFormatError(file, "$", `expected a list of LongMemEval questions, got ${kind(data)}`);
+  return data.map((item, i) => {
+    const at = `[${i}]`;
+    const q = object(file, at, item);
+    const userId = str(file, `${at}.question_id`, q.question_id);
+    const ids = strList(file, `${at}.haystack_session_ids`, q.haystack_session_ids);
+    const dates = strList(file, `${at}.haystack_dates`, q.haystack_dates);
+    const sessions = q.haystack_sessions;
+    if (!Array.isArray(sessions)) throw new ImportFormatError(file, `${at}.haystack_sessions`, `expected a list of sessions, got ${kind(sessions)}`);
+    if (sessions.length !== ids.length || dates.length !== ids.length) {
+      throw new ImportFormatError(file, at, `haystack_sessions (${sessions.length}), haystack_session_ids (${ids.length}) and haystack_dates (${dates.length}) differ in length`);
+    }
+    const turns: ImportedTurn[] = [];
+    sessions.forEach((session, s) => {
+      const sAt = `${at}.haystack_sessions[${s}]`;
+      if (!Array.isArray(session)) throw new ImportFormatError(file, sAt, `expected a list of turns, got ${kind(session)}`);
+      session.forEach((turn, j) => {
+        const tAt = `${sAt}[${j}]`;
+        const t = object(file, tAt, turn);
+        const role = str(file, `${tAt}.role`, t.role);
+        const content = str(file, `${tAt}.content`, t.content, true);
+        const speaker = role.charAt(0).toUpperCase() + role.slice(1);
+        turns.push({ at: tAt, text: `${speaker}: ${content}`, sessionId: ids[s], metadata: { turnId: `${ids[s]}:${j}`, speaker: role, sessionId: ids[s], date: dates[s] } });
+      });
+    });
+    return { userId, turns };
+  });
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function object(file: string, at: string, v: unknown): Record<string, unknown> {
+  if (!isObject(v)) throw new ImportFormatError(file, at, `expected an object, got ${kind(v)}`);
+  return v;
+}
+
+function str(file: string, at: string, v: unknown, allowEmpty = false): string {
+  if (typeof v !== "string") throw new ImportFormatError(file, at, `expected a string, got ${kind(v)}`);
+  if (!allowEmpty && v.trim() === "") throw new ImportFormatError(file, at, "is empty");
+  return v;
+}
+
+function strList(file: string, at: string, v: unknown): string[] {
+  if (!Array.isArray(v)) throw new ImportFormatError(file, at, `expected a list of strings, got ${kind(v)}`);
+  return v.map((x, i) => str(file, `${at}[${i}]`, x));
+}
+
+function kind(v: unknown): string {
+  if (v === null) return "null";
+  if (v === undefined) return "nothing (missing)";
+  if (Array.isArray(v)) return "a list";
+  return typeof v === "object" ? "an object" : `a ${typeof v}`;
+}

@@ -1,0 +1,839 @@
+// The memory store: users' memories, preferences, conversation turns and audit log in one LMDB
+// file, and a hybrid retrieval index per user beside it. No model is needed.
+//
+// Folder layout:
+//   store.lmdb (+ store.lmdb-lock)   every record, the vectors, the schema and embedder identity
+//   index/                           HNSW files, one pair per user (retrieval/scoped-index.ts)
+//   .lock                            the one-opener lock (src/cache/tiers/folder-lock.ts)
+//
+// Rules this file keeps:
+//   - Scope comes from arguments only. Every record's key starts with its user id, so a get with
+//     another user's id reads another key and finds nothing; metadata never moves a record.
+//   - Every write of several records is one LMDB transaction (transactionSync: it commits, and
+//     by default syncs, before returning), so a crash leaves each write whole or absent. A call
+//     returns only after its transaction committed: what it acknowledged survives a crash.
+//   - The index follows the store: each memory write bumps the user's generation in the same
+//     transaction and then updates the loaded index; index files record the generation they hold
+//     (see scoped-index.ts), so after a crash an out-of-date index is rebuilt and reported.
+//   - Vectors of two embedders are never mixed: the store records the embedder's id and dimension,
+//     and opening with another embedder re-embeds everything (reembed: true) or is refused.
+import { randomBytes, createHash } from "node:crypto";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readSync, rmSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { open as openLmdb, type Database, type RootDatabase } from "lmdb";
+import { DkiArgumentError } from "../errors.js";
+import { FolderLock, FolderLockedError } from "../cache/tiers/folder-lock.js";
+import { HashingEmbedder } from "./embedders/hashing.js";
+import { MemoryNotFoundError, MemoryStoreError } from "./errors.js";
+import { importConversations, type ImportedTurn, type ImportFormat, type ImportResult } from "./import.js";
+import { fusionWeights, type Fusion } from "./retrieval/fusion.js";
+import { ScopedHybridIndex, type IndexedDocument, type RebuildReport, type SavedIndex } from "./retrieval/scoped-index.js";
+import { terms } from "./text-terms.js";
+import type {
+  AddMemoryOptions,
+  AuditEntry,
+  ConversationTurn,
+  Embedder,
+  Filter,
+  Memory,
+  MemoryStoreApi,
+  Metadata,
+  Preference,
+  Role,
+  SearchOptions,
+  SearchResult,
+  TurnRecord,
+} from "./types.js";
+import { checkFilter, checkId, checkInteger, checkMetadata, checkNumber, checkOptionalId, checkRole, checkText, matches } from "./validate.js";
+
+export const SCHEMA_VERSION = 1;
+const FORMAT = "dki-memory-store";
+const STORE_FILE = "store.lmdb";
+const INDEX_DIR = "index";
+/** What a store folder may hold besides the store file; anything else means it is someone else's folder. */
+const OWN_ENTRIES = new Set([STORE_FILE, `${STORE_FILE}-lock`, ".lock", INDEX_DIR]);
+const DEFAULT_MAX_TEXT_CHARS = 10_000;
+const MAX_LIMIT = 1000;
+const EMBED_BATCH = 256;
+
+export interface MemoryStoreOptions {
+  /** The data folder (created if missing). */
+  dir: string;
+  /** Default: a HashingEmbedder (offline, 512 dimensions). */
+  embedder?: Embedder;
+  /** Longest memory, preference or query text accepted (default 10,000 characters). */
+  maxTextChars?: number;
+  /** When the folder's vectors came from another embedder: re-embed them (true) or refuse (default). */
+  reembed?: boolean;
+  /** Progress of a re-embedding, in memories. */
+  onProgress?: (done: number, total: number) => void;
+  /** Called for every index rebuild (missing, stale or corrupt index files). */
+  onRebuild?: (report: RebuildReport) => void;
+  /** Default fusion of search results (default RRF, k 60, dense and BM25 weighted 1, recency 0). */
+  fusion?: Fusion;
+  /** Delay before changed index files are saved (default 1000 ms; close() saves at once). */
+  indexFlushDelayMs?: number;
+}
+
+/** SearchOptions plus this implementation's retrieval knobs. */
+export interface MemorySearchOptions extends SearchOptions {
+  fusion?: Fusion;
+  /** Recency half-life in ms (default 30 days). */
+  halfLifeMs?: number;
+}
+
+export interface MemoryStoreStats {
+  schemaVersion: number;
+  embedder: { id: string; dim: number };
+  users: number;
+  memories: number;
+  preferences: number;
+  turns: number;
+  auditEntries: number;
+  /** Users whose indexes are loaded in memory, and their memories. */
+  indexesLoaded: number;
+  indexedMemories: number;
+  /** Index rebuilds since open, oldest first. */
+  rebuilds: RebuildReport[];
+  lastRebuild?: RebuildReport;
+  /** Bytes of the folder on disk (store file and index files). */
+  bytesOnDisk: number;
+}
+
+export interface EraseResult {
+  memories: number;
+  preferences: number;
+  turns: number;
+  auditEntries: number;
+  cacheCleared: boolean;
+}
+
+/** What eraseUser needs of a K/V cache; TieredKVCache has it. */
+export interface UserCache {
+  clear(userId: string): Promise<void>;
+}
+
+interface UserRecord {
+  createdAt: number;
+  generation: number;
+}
+
+interface SchemaRecord {
+  format: string;
+  version: number;
+  createdAt: number;
+}
+
+type Key = string[];
+
+/** A key range holding every key that starts with `prefix` (ids hold no control characters, see validate.ts). */
+function prefixRange(prefix: Key): { start: Key; end: Key } {
+  return { start: prefix, end: [...prefix.slice(0, -1), `${prefix[prefix.length - 1]}\u0000`] };
+}
+
+let lastMs = 0;
+let seq = 0;
+/** Ids that sort by creation time (ms in base 36, then a counter), with randomness against other processes. */
+function newId(kind: string): string {
+  const now = Date.now();
+  if (now === lastMs) seq++;
+  else [lastMs, seq] = [now, 0];
+  return `${kind}_${now.toString(36).padStart(9, "0")}${seq.toString(36).padStart(4, "0")}${randomBytes(5).toString("hex")}`;
+}
+
+function vectorBytes(v: Float32Array): Buffer {
+  return Buffer.from(v.buffer, v.byteOffset, v.byteLength);
+}
+
+function toVector(bytes: Uint8Array, dim: number): Float32Array {
+  // Copied: LMDB may hand out a view of a reused buffer.
+  const v = new Float32Array(dim);
+  new Uint8Array(v.buffer).set(bytes.subarray(0, dim * 4));
+  return v;
+}
+
+export class MemoryStore implements MemoryStoreApi {
+  private closed = false;
+  private readonly index: ScopedHybridIndex;
+
+  readonly memories: MemoryStoreApi["memories"] & { search(query: string, opts: MemorySearchOptions): Promise<SearchResult[]> };
+  readonly preferences: MemoryStoreApi["preferences"];
+  readonly conversations: MemoryStoreApi["conversations"];
+  readonly audit: MemoryStoreApi["audit"];
+
+  private constructor(
+    readonly dir: string,
+    readonly embedder: Embedder,
+    private readonly env: RootDatabase,
+    private readonly db: {
+      meta: Database<unknown, string>;
+      users: Database<UserRecord, string>;
+      sessions: Database<{ createdAt: number; updatedAt: number }, Key>;
+      memories: Database<Memory, Key>;
+      vectors: Database<Buffer, Key>;
+      prefs: Database<Preference, Key>;
+      turns: Database<ConversationTurn, Key>;
+      audit: Database<AuditEntry, Key>;
+      history: Database<string, Key>;
+      indexState: Database<SavedIndex, string>;
+      systemAudit: Database<AuditEntry, string>;
+    },
+    private readonly lock: FolderLock,
+    readonly maxTextChars: number,
+    private readonly fusion: Fusion | undefined,
+    options: MemoryStoreOptions,
+  ) {
+    this.index = new ScopedHybridIndex({
+      dir: join(dir, INDEX_DIR),
+      dim: embedder.dim,
+      flushDelayMs: options.indexFlushDelayMs,
+      onRebuild: options.onRebuild,
+      source: {
+        generation: (userId) => this.db.users.get(userId)?.generation ?? 0,
+        savedIndex: (userId) => this.db.indexState.get(userId),
+        indexSaved: (userId, saved) => {
+          // Only if the user still exists: an erased user's index must not come back as a record.
+          this.env.transactionSync(() => {
+            if (this.db.users.get(userId) !== undefined) this.db.indexState.putSync(userId, saved);
+          });
+        },
+        documents: (userId) => this.documents(userId),
+      },
+    });
+    this.memories = {
+      add: (input, opts) => this.addMemories(input, opts),
+      search: (query, opts) => this.search(query, opts),
+      get: async (id, scope) => this.getMemory(id, scope),
+      getAll: async (opts) => this.getAllMemories(opts),
+      update: (id, text, scope) => this.updateMemory(id, text, scope),
+      delete: async (id, scope) => this.deleteMemory(id, scope),
+      history: async (id, scope) => this.memoryHistory(id, scope),
+    };
+    this.preferences = {
+      add: async (text, opts) => this.addPreference(text, opts),
+      list: async (scope) => this.listPreferences(scope),
+      update: async (id, patch, scope) => this.updatePreference(id, patch, scope),
+      delete: async (id, scope) => this.deletePreference(id, scope),
+    };
+    this.conversations = {
+      list: async (scope) => this.listTurns(scope),
+      recordTurn: async (turn) => this.recordTurn(turn),
+    };
+    this.audit = { list: async (scope) => this.listAudit(scope) };
+  }
+
+  /**
+   * Opens (or creates) the store in `dir`. Refuses, with a MemoryStoreError that says why, a
+   * folder that holds other files, a store file that is damaged or of another schema version, a
+   * store of another embedder (unless `reembed`), and a folder another store object has open.
+   */
+  static async open(options: MemoryStoreOptions): Promise<MemoryStore> {
+    if (typeof options?.dir !== "string" || options.dir === "") throw new DkiArgumentError("MemoryStore.open: dir must be a non-empty path");
+    const dir = resolve(options.dir);
+    const maxTextChars = checkInteger("maxTextChars", options.maxTextChars ?? DEFAULT_MAX_TEXT_CHARS, 1, 10_000_000);
+    const embedder = options.embedder ?? new HashingEmbedder();
+    if (!Number.isInteger(embedder.dim) || embedder.dim < 1 || typeof embedder.id !== "string" || embedder.id === "") {
+      throw new DkiArgumentError(`MemoryStore.open: the embedder needs a non-empty id and a positive integer dim, got id ${JSON.stringify(embedder.id)}, dim ${embedder.dim}`);
+    }
+    checkForeign(dir);
+    const existed = existsSync(join(dir, STORE_FILE));
+    if (existed) checkLmdbFile(join(dir, STORE_FILE));
+    let lock: FolderLock;
+    try {
+      lock = await FolderLock.acquire(dir);
+    } catch (e) {
+      if (e instanceof FolderLockedError) throw new MemoryStoreError(`the memory store ${dir} is already open (one MemoryStore per folder): ${e.message}`);
+      throw e;
+    }
+    let env: RootDatabase | undefined;
+    try {
+      try {
+        env = openLmdb({ path: join(dir, STORE_FILE), maxDbs: 16 });
+      } catch (e) {
+        throw new MemoryStoreError(`${join(dir, STORE_FILE)} is not a readable memory store (damaged, or not an LMDB file): ${(e as Error).message}`);
+      }
+      const json = { encoding: "json" } as const;
+      const db = {
+        meta: env.openDB<unknown, string>({ name: "meta", ...json }),
+        users: env.openDB<UserRecord, string>({ name: "users", ...json }),
+        sessions: env.openDB<{ createdAt: number; updatedAt: number }, Key>({ name: "sessions", ...json }),
+        memories: env.openDB<Memory, Key>({ name: "memories", ...json }),
+        vectors: env.openDB<Buffer, Key>({ name: "vectors", encoding: "binary" }),
+        prefs: env.openDB<Preference, Key>({ name: "preferences", ...json }),
+        turns: env.openDB<ConversationTurn, Key>({ name: "turns", ...json }),
+        audit: env.openDB<AuditEntry, Key>({ name: "audit", ...json }),
+        history: env.openDB<string, Key>({ name: "history", ...json }),
+        indexState: env.openDB<SavedIndex, string>({ name: "index_state", ...json }),
+        systemAudit: env.openDB<AuditEntry, string>({ name: "system_audit", ...json }),
+      };
+      const file = join(dir, STORE_FILE);
+      const schema = db.meta.get("schema") as SchemaRecord | undefined;
+      if (schema === undefined) {
+        if (existed && db.memories.getKeysCount() + db.users.getKeysCount() > 0) throw new MemoryStoreError(`${file} holds data but no schema record: not a dki memory store, left untouched`);
+        env.transactionSync(() => {
+          db.meta.putSync("schema", { format: FORMAT, version: SCHEMA_VERSION, createdAt: Date.now() } satisfies SchemaRecord);
+          db.meta.putSync("embedder", { id: embedder.id, dim: embedder.dim });
+        });
+      } else if (schema.format !== FORMAT) {
+        throw new MemoryStoreError(`${file} is a ${JSON.stringify(schema.format)} file, not a dki memory store; left untouched`);
+      } else if (schema.version !== SCHEMA_VERSION) {
+        throw new MemoryStoreError(
+          `${file} has schema version ${schema.version}; this dki-engine reads version ${SCHEMA_VERSION} and has no migration from ${schema.version}${schema.version > SCHEMA_VERSION ? " (it was written by a newer dki-engine)" : ""}; left untouched`,
+        );
+      }
+      const store = new MemoryStore(dir, embedder, env, db, lock, maxTextChars, options.fusion, options);
+      const stored = db.meta.get("embedder") as { id: string; dim: number };
+      if (stored.id !== embedder.id || stored.dim !== embedder.dim) {
+        if (options.reembed !== true) {
+          throw new MemoryStoreError(
+            `${dir}: its vectors were made by embedder ${stored.id} (${stored.dim} dimensions), not ${embedder.id} (${embedder.dim}); open it with that embedder, or with reembed: true (CLI: --reembed) to re-embed every memory`,
+          );
+        }
+        await store.reembedAll(stored, options.onProgress);
+      }
+      return store;
+    } catch (e) {
+      await env?.close();
+      lock.release();
+      throw e;
+    }
+  }
+
+  // ---- memories ----
+
+  private async addMemories(input: string | { role: Role; content: string }[], opts: AddMemoryOptions): Promise<Memory[]> {
+    this.checkOpen();
+    const userId = checkId("userId", opts?.userId);
+    const sessionId = checkOptionalId("sessionId", opts.sessionId);
+    const metadata = checkMetadata(opts.metadata);
+    return this.insert(userId, this.addItems(input, metadata, sessionId));
+  }
+
+  /** Import's way in (import.ts): turns already checked, each with its own session and metadata. */
+  async insertTurns(userId: string, turns: ImportedTurn[]): Promise<number> {
+    this.checkOpen();
+    checkId("userId", userId);
+    const items = turns.map((t) => ({ text: checkText(`${t.at} text`, t.text, this.maxTextChars), metadata: checkMetadata(t.metadata), sessionId: checkId(`${t.at} session`, t.sessionId) }));
+    return (await this.insert(userId, items)).length;
+  }
+
+  /** Embeds, then writes the memories, their vectors, the user's new generation and one audit entry in one transaction. */
+  private async insert(userId: string, items: { text: string; metadata: Metadata; sessionId?: string }[]): Promise<Memory[]> {
+    const vectors = await this.embed(items.map((i) => i.text));
+    this.checkOpen();
+    const now = Date.now();
+    const records: Memory[] = items.map((i) => ({ id: newId("mem"), userId, ...(i.sessionId === undefined ? {} : { sessionId: i.sessionId }), text: i.text, metadata: i.metadata, createdAt: now, updatedAt: now, active: true }));
+    // Opened before the commit, so a load (or rebuild) cannot see this write and then get it again.
+    this.index.open(userId);
+    const generation = this.env.transactionSync(() => {
+      const g = this.bumpUser(userId, now);
+      for (const s of new Set(records.map((m) => m.sessionId))) if (s !== undefined) this.touchSession(userId, s, now);
+      records.forEach((m, i) => {
+        this.db.memories.putSync([userId, m.id], m);
+        this.db.vectors.putSync([userId, m.id], vectorBytes(vectors[i]));
+      });
+      const sessions = new Set(records.map((m) => m.sessionId));
+      const sessionId = sessions.size === 1 ? records[0].sessionId : undefined;
+      this.writeAudit({ action: "memory_add", userId, sessionId, memoryIds: records.map((m) => m.id), metadata: {} }, now);
+      return g;
+    });
+    this.index.put(userId, records.map((m, i) => ({ id: m.id, text: m.text, at: m.updatedAt, vector: vectors[i] })), generation);
+    return records;
+  }
+
+  /** A text is one memory; a message list is one memory per message, its role kept in metadata. */
+  private addItems(input: string | { role: Role; content: string }[], metadata: Metadata, sessionId: string | undefined): { text: string; metadata: Metadata; sessionId?: string }[] {
+    if (typeof input === "string") return [{ text: checkText("text", input, this.maxTextChars), metadata, sessionId }];
+    if (!Array.isArray(input) || input.length === 0) throw new DkiArgumentError("memories.add: expected a text or a non-empty array of { role, content } messages");
+    return input.map((m, i) => {
+      if (typeof m !== "object" || m === null) throw new DkiArgumentError(`messages[${i}] must be an object { role, content }`);
+      const role = checkRole(`messages[${i}].role`, m.role);
+      return { text: checkText(`messages[${i}].content`, m.content, this.maxTextChars), metadata: { ...metadata, role }, sessionId };
+    });
+  }
+
+  private async search(query: string, opts: MemorySearchOptions): Promise<SearchResult[]> {
+    this.checkOpen();
+    checkText("query", query, this.maxTextChars);
+    const userId = checkId("userId", opts?.userId);
+    const sessionId = checkOptionalId("sessionId", opts.sessionId);
+    const limit = checkInteger("limit", opts.limit ?? 5, 1, MAX_LIMIT);
+    const minScore = checkNumber("minScore", opts.minScore ?? 0, 0, 1);
+    const filter = opts.filter === undefined ? undefined : checkFilter(opts.filter);
+    try {
+      if (opts.fusion !== undefined) fusionWeights(opts.fusion);
+    } catch (e) {
+      throw new DkiArgumentError(`search: ${(e as Error).message}`);
+    }
+    if (opts.halfLifeMs !== undefined) checkNumber("halfLifeMs", opts.halfLifeMs, 1, Number.MAX_SAFE_INTEGER);
+    const [vector] = await this.embed([query]);
+    this.checkOpen();
+    if (this.db.users.get(userId) === undefined) return [];
+    const accept =
+      sessionId === undefined && filter === undefined
+        ? undefined
+        : (id: string) => {
+            const m = this.db.memories.get([userId, id]);
+            return m !== undefined && (sessionId === undefined || m.sessionId === sessionId) && (filter === undefined || matches(filter, m.metadata));
+          };
+    const hits = this.index.search(userId, { terms: terms(query), vector }, { limit, accept, minScore, fusion: opts.fusion ?? this.fusion, halfLifeMs: opts.halfLifeMs });
+    return hits.map((h) => ({ memory: this.db.memories.get([userId, h.id])!, score: h.score, signals: h.signals }));
+  }
+
+  private getMemory(id: string, scope: { userId: string }): Memory | undefined {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    return this.db.memories.get([userId, id]);
+  }
+
+  private getAllMemories(opts: { userId: string; sessionId?: string; filter?: Filter }): Memory[] {
+    this.checkOpen();
+    const userId = checkId("userId", opts?.userId);
+    const sessionId = checkOptionalId("sessionId", opts.sessionId);
+    const filter = opts.filter === undefined ? undefined : checkFilter(opts.filter);
+    const out: Memory[] = [];
+    for (const { value } of this.db.memories.getRange(prefixRange([userId]))) {
+      if (sessionId !== undefined && value.sessionId !== sessionId) continue;
+      if (filter !== undefined && !matches(filter, value.metadata)) continue;
+      out.push(value);
+    }
+    return out;
+  }
+
+  private async updateMemory(id: string, text: string, scope: { userId: string }): Promise<Memory> {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    checkText("text", text, this.maxTextChars);
+    this.mustGetMemory(id, userId);
+    const [vector] = await this.embed([text]);
+    this.checkOpen();
+    this.index.open(userId);
+    const now = Date.now();
+    const { updated, generation } = this.env.transactionSync(() => {
+      // Read again inside the transaction: it may have been deleted while the text was embedded.
+      const before = this.mustGetMemory(id, userId);
+      const updated: Memory = { ...before, text, updatedAt: now };
+      const generation = this.bumpUser(userId, now);
+      this.db.memories.putSync([userId, id], updated);
+      this.db.vectors.putSync([userId, id], vectorBytes(vector));
+      this.writeAudit({ action: "memory_update", userId, sessionId: before.sessionId, memoryIds: [id], metadata: { previousText: before.text, text } }, now);
+      return { updated, generation };
+    });
+    this.index.put(userId, [{ id, text, at: now, vector }], generation);
+    return updated;
+  }
+
+  private deleteMemory(id: string, scope: { userId: string }): void {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    this.mustGetMemory(id, userId);
+    this.index.open(userId);
+    const now = Date.now();
+    const generation = this.env.transactionSync(() => {
+      const before = this.mustGetMemory(id, userId);
+      const g = this.bumpUser(userId, now);
+      this.db.memories.removeSync([userId, id]);
+      this.db.vectors.removeSync([userId, id]);
+      // The deleted text is not kept in the audit log: deleting a memory must delete its content.
+      this.writeAudit({ action: "memory_delete", userId, sessionId: before.sessionId, memoryIds: [id], metadata: {} }, now);
+      return g;
+    });
+    this.index.remove(userId, [id], generation);
+  }
+
+  private memoryHistory(id: string, scope: { userId: string }): AuditEntry[] {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    const out: AuditEntry[] = [];
+    for (const { value: auditId } of this.db.history.getRange(prefixRange([userId, id]))) {
+      const entry = this.db.audit.get([userId, auditId]);
+      if (entry !== undefined) out.push(entry);
+    }
+    return out;
+  }
+
+  private mustGetMemory(id: string, userId: string): Memory {
+    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    const m = this.db.memories.get([userId, id]);
+    if (m === undefined) throw new MemoryNotFoundError("memory", id, userId);
+    return m;
+  }
+
+  // ---- preferences ----
+
+  private addPreference(text: string, opts: { userId: string; type: string; priority?: number; category?: string }): Preference {
+    this.checkOpen();
+    const userId = checkId("userId", opts?.userId);
+    const p = this.checkPreferenceFields({ text, type: opts.type, priority: opts.priority ?? 0, category: opts.category, active: true });
+    const now = Date.now();
+    const pref: Preference = { id: newId("pref"), userId, ...p, createdAt: now, updatedAt: now };
+    this.env.transactionSync(() => {
+      this.ensureUser(userId, now);
+      this.db.prefs.putSync([userId, pref.id], pref);
+      this.writeAudit({ action: "preference_add", userId, memoryIds: [pref.id], metadata: {} }, now);
+    });
+    return pref;
+  }
+
+  private listPreferences(scope: { userId: string; includeInactive?: boolean }): Preference[] {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    const out: Preference[] = [];
+    for (const { value } of this.db.prefs.getRange(prefixRange([userId]))) if (value.active || scope.includeInactive === true) out.push(value);
+    return out.sort((a, b) => Number(b.active) - Number(a.active) || b.priority - a.priority || a.createdAt - b.createdAt || (a.id < b.id ? -1 : 1));
+  }
+
+  private updatePreference(id: string, patch: Partial<Pick<Preference, "text" | "type" | "priority" | "category" | "active">>, scope: { userId: string }): Preference {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    if (typeof patch !== "object" || patch === null) throw new DkiArgumentError("preferences.update: patch must be an object");
+    const unknown = Object.keys(patch).filter((k) => !["text", "type", "priority", "category", "active"].includes(k));
+    if (unknown.length > 0) throw new DkiArgumentError(`preferences.update: unknown field(s) ${unknown.join(", ")} (text, type, priority, category and active can change)`);
+    const now = Date.now();
+    return this.env.transactionSync(() => {
+      const before = this.db.prefs.get([userId, id]);
+      if (before === undefined) throw new MemoryNotFoundError("preference", String(id), userId);
+      const merged = this.checkPreferenceFields({ ...before, ...patch });
+      const after: Preference = { ...before, ...merged, updatedAt: now };
+      if (merged.category === undefined) delete after.category;
+      this.db.prefs.putSync([userId, id], after);
+      this.writeAudit({ action: "preference_update", userId, memoryIds: [id], metadata: {} }, now);
+      return after;
+    });
+  }
+
+  private deletePreference(id: string, scope: { userId: string }): void {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    const now = Date.now();
+    this.env.transactionSync(() => {
+      if (this.db.prefs.get([userId, id]) === undefined) throw new MemoryNotFoundError("preference", String(id), userId);
+      this.db.prefs.removeSync([userId, id]);
+      this.writeAudit({ action: "preference_delete", userId, memoryIds: [id], metadata: {} }, now);
+    });
+  }
+
+  private checkPreferenceFields(p: { text: unknown; type: unknown; priority: unknown; category?: unknown; active: unknown }): Pick<Preference, "text" | "type" | "priority" | "category" | "active"> {
+    const text = checkText("text", p.text, this.maxTextChars);
+    const type = checkId("type", p.type);
+    const priority = checkInteger("priority", p.priority, -1_000_000, 1_000_000);
+    const category = checkOptionalId("category", p.category);
+    if (typeof p.active !== "boolean") throw new DkiArgumentError(`active must be true or false, got ${typeof p.active}`);
+    return { text, type, priority, ...(category === undefined ? {} : { category }), active: p.active };
+  }
+
+  // ---- conversations and audit ----
+
+  private listTurns(scope: { userId: string; sessionId: string; limit?: number }): ConversationTurn[] {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    const sessionId = checkId("sessionId", scope.sessionId);
+    const range = prefixRange([userId, sessionId]);
+    if (scope.limit === undefined) return [...this.db.turns.getRange(range).map((e) => e.value)];
+    const limit = checkInteger("limit", scope.limit, 1, Number.MAX_SAFE_INTEGER);
+    // The newest `limit`, read backwards, returned oldest first.
+    return [...this.db.turns.getRange({ start: range.end, end: range.start, reverse: true, limit }).map((e) => e.value)].reverse();
+  }
+
+  private recordTurn(turn: TurnRecord): { userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry } {
+    this.checkOpen();
+    if (typeof turn !== "object" || turn === null) throw new DkiArgumentError("recordTurn: expected a TurnRecord object");
+    const userId = checkId("userId", turn.userId);
+    const sessionId = checkId("sessionId", turn.sessionId);
+    if (typeof turn.query !== "string") throw new DkiArgumentError("recordTurn: query must be a string");
+    if (typeof turn.response !== "string") throw new DkiArgumentError("recordTurn: response must be a string");
+    const injectionMode = checkId("injectionMode", turn.injectionMode);
+    const auditAction = checkId("auditAction", turn.auditAction);
+    if (turn.alpha !== undefined) checkNumber("alpha", turn.alpha, 0, Number.MAX_VALUE);
+    checkNumber("latencyMs", turn.latencyMs, 0, Number.MAX_VALUE);
+    if (!Array.isArray(turn.memoryIds)) throw new DkiArgumentError("recordTurn: memoryIds must be an array of ids");
+    turn.memoryIds.forEach((id, i) => checkId(`memoryIds[${i}]`, id));
+    const auditMetadata = checkMetadata(turn.auditMetadata, "auditMetadata");
+    const now = Date.now();
+    const alpha = turn.alpha === undefined ? {} : { alpha: turn.alpha };
+    const userTurn: ConversationTurn = { id: newId("turn"), userId, sessionId, role: "user", content: turn.query, memoryIds: [], createdAt: now };
+    const assistantTurn: ConversationTurn = {
+      id: newId("turn"),
+      userId,
+      sessionId,
+      role: "assistant",
+      content: turn.response,
+      injectionMode,
+      ...alpha,
+      memoryIds: [...turn.memoryIds],
+      latencyMs: turn.latencyMs,
+      createdAt: now,
+    };
+    const audit = this.env.transactionSync(() => {
+      this.ensureUser(userId, now);
+      this.touchSession(userId, sessionId, now);
+      this.db.turns.putSync([userId, sessionId, userTurn.id], userTurn);
+      this.db.turns.putSync([userId, sessionId, assistantTurn.id], assistantTurn);
+      return this.writeAudit({ action: auditAction, userId, sessionId, memoryIds: [...turn.memoryIds], ...alpha, mode: injectionMode, metadata: auditMetadata }, now, false);
+    });
+    return { userTurn, assistantTurn, audit };
+  }
+
+  private listAudit(scope: { userId: string; sessionId?: string; action?: string }): AuditEntry[] {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    const out: AuditEntry[] = [];
+    for (const { value } of this.db.audit.getRange(prefixRange([userId]))) {
+      if (scope.sessionId !== undefined && value.sessionId !== scope.sessionId) continue;
+      if (scope.action !== undefined && value.action !== scope.action) continue;
+      out.push(value);
+    }
+    return out;
+  }
+
+  // ---- users ----
+
+  /**
+   * Removes every record of a user (memories, vectors, preferences, sessions, turns, audit
+   * entries), its index files and, given a K/V cache, its blocks in every tier. The cache goes
+   * first: it is derived data, so if the store's erasure then failed nothing would be lost. The
+   * audit row this writes names the user only by a hash and holds counts, no content.
+   */
+  async eraseUser(userId: string, options: { cache?: UserCache } = {}): Promise<EraseResult> {
+    this.checkOpen();
+    checkId("userId", userId);
+    let cacheCleared = false;
+    if (options.cache !== undefined) {
+      await options.cache.clear(userId);
+      cacheCleared = true;
+    }
+    this.checkOpen();
+    const now = Date.now();
+    const counts = this.env.transactionSync(() => {
+      const removeAll = (db: Database<unknown, Key>): number => {
+        let n = 0;
+        for (const key of db.getKeys(prefixRange([userId]))) {
+          db.removeSync(key);
+          n++;
+        }
+        return n;
+      };
+      const memories = removeAll(this.db.memories);
+      removeAll(this.db.vectors);
+      const preferences = removeAll(this.db.prefs);
+      const turns = removeAll(this.db.turns);
+      const auditEntries = removeAll(this.db.audit);
+      removeAll(this.db.history);
+      removeAll(this.db.sessions);
+      this.db.users.removeSync(userId);
+      this.db.indexState.removeSync(userId);
+      const erased = { memories, preferences, turns, auditEntries };
+      this.writeSystemAudit({ action: "user_erase", userId: erasedUserId(userId), memoryIds: [], metadata: { ...erased, cacheCleared } }, now);
+      return erased;
+    });
+    this.index.drop(userId);
+    return { ...counts, cacheCleared };
+  }
+
+  /** The store's own audit entries (re-embeddings, user erasures), oldest first. */
+  systemAudit(): AuditEntry[] {
+    this.checkOpen();
+    return [...this.db.systemAudit.getRange().map((e) => e.value)];
+  }
+
+  /** User ids with any record, sorted. */
+  listUsers(): string[] {
+    this.checkOpen();
+    return [...this.db.users.getKeys()];
+  }
+
+  /** Imports a LoCoMo or LongMemEval file: one user per conversation, one memory per turn (see import.ts). */
+  async importConversations(file: string, options: { format?: ImportFormat; onProgress?: (done: number, total: number) => void } = {}): Promise<ImportResult> {
+    this.checkOpen();
+    return importConversations(this, file, options);
+  }
+
+  /** Loads every user's index now (rebuilding what needs it, reported), instead of on first use. */
+  checkIndexes(): RebuildReport[] {
+    this.checkOpen();
+    const before = this.index.rebuilds.length;
+    for (const userId of this.db.users.getKeys()) this.index.open(userId);
+    return this.index.rebuilds.slice(before);
+  }
+
+  /** Saves changed index files now (close() does too). */
+  flushIndexes(): void {
+    this.checkOpen();
+    this.index.flush();
+  }
+
+  stats(): MemoryStoreStats {
+    this.checkOpen();
+    const loaded = this.index.loaded();
+    const rebuilds = [...this.index.rebuilds];
+    return {
+      schemaVersion: SCHEMA_VERSION,
+      embedder: { id: this.embedder.id, dim: this.embedder.dim },
+      users: this.db.users.getKeysCount(),
+      memories: this.db.memories.getKeysCount(),
+      preferences: this.db.prefs.getKeysCount(),
+      turns: this.db.turns.getKeysCount(),
+      auditEntries: this.db.audit.getKeysCount(),
+      indexesLoaded: loaded.scopes,
+      indexedMemories: loaded.documents,
+      rebuilds,
+      ...(rebuilds.length > 0 ? { lastRebuild: rebuilds[rebuilds.length - 1] } : {}),
+      bytesOnDisk: folderBytes(this.dir),
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    try {
+      this.index.close();
+    } finally {
+      await this.env.close();
+      this.lock.release();
+    }
+  }
+
+  // ---- internals ----
+
+  private checkOpen(): void {
+    if (this.closed) throw new MemoryStoreError(`the memory store ${this.dir} is closed`);
+  }
+
+  private async embed(texts: string[]): Promise<Float32Array[]> {
+    const out: Float32Array[] = [];
+    for (let i = 0; i < texts.length; i += EMBED_BATCH) {
+      const batch = texts.slice(i, i + EMBED_BATCH);
+      const vectors = await this.embedder.embed(batch);
+      if (!Array.isArray(vectors) || vectors.length !== batch.length) throw new MemoryStoreError(`embedder ${this.embedder.id} returned ${Array.isArray(vectors) ? vectors.length : "no"} vectors for ${batch.length} texts`);
+      for (const v of vectors) {
+        if (!(v instanceof Float32Array) || v.length !== this.embedder.dim) throw new MemoryStoreError(`embedder ${this.embedder.id} returned a vector of ${v?.length} values; its dim is ${this.embedder.dim}`);
+        if (!v.every(Number.isFinite)) throw new MemoryStoreError(`embedder ${this.embedder.id} returned a vector with a non-finite value`);
+        out.push(v);
+      }
+    }
+    return out;
+  }
+
+  /** Inside a transaction: creates the user if new and bumps its generation (index content changes). */
+  private bumpUser(userId: string, now: number): number {
+    const u = this.db.users.get(userId) ?? { createdAt: now, generation: 0 };
+    const next = { ...u, generation: u.generation + 1 };
+    this.db.users.putSync(userId, next);
+    return next.generation;
+  }
+
+  private ensureUser(userId: string, now: number): void {
+    if (this.db.users.get(userId) === undefined) this.db.users.putSync(userId, { createdAt: now, generation: 0 });
+  }
+
+  private touchSession(userId: string, sessionId: string, now: number): void {
+    const s = this.db.sessions.get([userId, sessionId]);
+    this.db.sessions.putSync([userId, sessionId], { createdAt: s?.createdAt ?? now, updatedAt: now });
+  }
+
+  /** Inside a transaction: writes an audit entry and, for memory actions, each memory's history pointer. */
+  private writeAudit(entry: Omit<AuditEntry, "id" | "at">, now: number, history = true): AuditEntry {
+    const full: AuditEntry = { id: newId("audit"), at: now, ...entry };
+    if (full.sessionId === undefined) delete full.sessionId;
+    this.db.audit.putSync([entry.userId, full.id], full);
+    if (history) for (const id of entry.memoryIds) this.db.history.putSync([entry.userId, id, full.id], full.id);
+    return full;
+  }
+
+  /** Inside a transaction: an audit entry about the store itself or an erased user, kept apart from every user's log. */
+  private writeSystemAudit(entry: Omit<AuditEntry, "id" | "at">, now: number): void {
+    const full: AuditEntry = { id: newId("audit"), at: now, ...entry };
+    this.db.systemAudit.putSync(full.id, full);
+  }
+
+  private *documents(userId: string): Iterable<IndexedDocument> {
+    for (const { key, value } of this.db.memories.getRange(prefixRange([userId]))) {
+      const bytes = this.db.vectors.getBinary(key);
+      if (bytes === undefined) throw new MemoryStoreError(`${this.dir}: memory ${value.id} of user ${JSON.stringify(userId)} has no vector in the store`);
+      yield { id: value.id, text: value.text, at: value.updatedAt, vector: toVector(bytes, this.embedder.dim) };
+    }
+  }
+
+  /** Re-embeds every memory with this store's embedder, then switches the store over in one transaction. */
+  private async reembedAll(previous: { id: string; dim: number }, onProgress?: (done: number, total: number) => void): Promise<void> {
+    const all = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
+    const vectors: Float32Array[] = [];
+    onProgress?.(0, all.length);
+    for (let i = 0; i < all.length; i += EMBED_BATCH) {
+      vectors.push(...(await this.embed(all.slice(i, i + EMBED_BATCH).map((m) => m.text))));
+      onProgress?.(vectors.length, all.length);
+    }
+    const now = Date.now();
+    this.env.transactionSync(() => {
+      // Vectors of the previous embedder must not survive anywhere, so the whole table is rewritten.
+      for (const key of this.db.vectors.getKeys()) this.db.vectors.removeSync(key);
+      all.forEach((m, i) => this.db.vectors.putSync(m.key, vectorBytes(vectors[i])));
+      for (const userId of this.db.users.getKeys()) this.bumpUser(userId, now);
+      for (const key of this.db.indexState.getKeys()) this.db.indexState.removeSync(key);
+      this.db.meta.putSync("embedder", { id: this.embedder.id, dim: this.embedder.dim });
+      this.writeSystemAudit({ action: "store_reembed", userId: "", memoryIds: [], metadata: { from: previous.id, to: this.embedder.id, memories: all.length } }, now);
+    });
+    rmSync(join(this.dir, INDEX_DIR), { recursive: true, force: true });
+    mkdirSync(join(this.dir, INDEX_DIR), { recursive: true });
+  }
+}
+
+/** How an erasure's audit row names the user: a salted hash, so the log proves the erasure without keeping the id. */
+export function erasedUserId(userId: string): string {
+  return "erased:" + createHash("sha256").update("dki-memory-erased-user/v1\0").update(userId, "utf8").digest("hex").slice(0, 32);
+}
+
+/** Refuses a folder that holds anything a store would not put there, before writing to it. */
+function checkForeign(dir: string): void {
+  let entries: string[];
+  try {
+    if (!statSync(dir).isDirectory()) throw new MemoryStoreError(`${dir} is not a folder`);
+    entries = readdirSync(dir);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e instanceof MemoryStoreError ? e : new MemoryStoreError(`cannot use ${dir} as a memory store folder: ${(e as Error).message}`);
+    mkdirSync(dir, { recursive: true });
+    return;
+  }
+  const foreign = entries.filter((e) => !OWN_ENTRIES.has(e));
+  if (foreign.length > 0) {
+    const shown = foreign.slice(0, 3).join(", ") + (foreign.length > 3 ? `, … (${foreign.length} in all)` : "");
+    throw new MemoryStoreError(`${dir} is not a memory store folder: it holds ${shown}; use an empty or new folder`);
+  }
+}
+
+// LMDB trusts its file: handed a damaged one it may crash the process rather than fail. Its first
+// page is a meta page with this magic number and data version at fixed offsets, so a file that is
+// not LMDB's is refused before LMDB sees it. (An empty file is what LMDB itself leaves when a
+// create is interrupted; it initialises it.)
+const LMDB_MAGIC = 0xbeefc0de;
+const LMDB_MAGIC_OFFSET = 24;
+const LMDB_DATA_VERSION = 2;
+
+function checkLmdbFile(file: string): void {
+  const size = statSync(file).size;
+  if (size === 0) return;
+  const head = Buffer.alloc(LMDB_MAGIC_OFFSET + 8);
+  const fd = openSync(file, "r");
+  try {
+    readSync(fd, head, 0, head.length, 0);
+  } finally {
+    closeSync(fd);
+  }
+  const magic = size >= head.length ? head.readUInt32LE(LMDB_MAGIC_OFFSET) : 0;
+  const version = size >= head.length ? head.readUInt32LE(LMDB_MAGIC_OFFSET + 4) : 0;
+  if (magic !== LMDB_MAGIC || version !== LMDB_DATA_VERSION) {
+    throw new MemoryStoreError(`${file} is not a readable memory store: it is damaged or not an LMDB file (no LMDB header); left untouched`);
+  }
+}
+
+function folderBytes(dir: string): number {
+  let total = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    if (e.isDirectory()) total += folderBytes(p);
+    else if (e.isFile()) total += statSync(p).size;
+  }
+  return total;
+}

@@ -1,0 +1,288 @@
+// Hybrid retrieval (dense HNSW + BM25, fused, with recency) kept per scope: a scope is a user for
+// the memory store, a collection for a knowledge base. Isolation is structural: every scope has
+// its own indexes, so a search cannot even see another scope's documents, and a filter (session,
+// metadata) runs inside each index's search instead of after it, so it cannot starve the results.
+//
+// The owner (a store) is the truth; the index is derived from it and kept in step:
+//   - the owner keeps a generation per scope, bumped by every write that changes its documents,
+//     and tells this class about each write (put/remove) with the generation it produced;
+//   - saved index files carry the generation they reflect and a checksum, both recorded by the
+//     owner (indexSaved), so on open a missing, damaged or older file is detected and the scope
+//     is rebuilt from the owner's documents. Every rebuild is reported (onRebuild and rebuilds),
+//     never silent;
+//   - BM25 lives in memory only, rebuilt from the texts when a scope is opened: tokenising is
+//     cheap next to embedding, and the stored vectors make the dense side cheap to rebuild too.
+// Index files are written some time after a write (flushDelayMs) and at close(), not on every
+// write: a crash in between leaves an older generation on disk, which the next open rebuilds.
+//
+// Everything here is synchronous, so within one scope a write and a load can never interleave:
+// the owner embeds (asynchronously) first, then opens the scope, commits and applies in one go.
+import { createHash } from "node:crypto";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import { terms as defaultTerms } from "../text-terms.js";
+import { Bm25Index, type Bm25Options } from "./bm25.js";
+import { DEFAULT_FUSION, fuse, recency, type Fusion, type Signals } from "./fusion.js";
+import { IndexFileError, VectorIndex, type VectorIndexOptions } from "./vector-index.js";
+
+export interface IndexedDocument {
+  id: string;
+  text: string;
+  /** Time the recency signal measures from (ms since the epoch). */
+  at: number;
+  vector: Float32Array;
+}
+
+/** What the index files of a scope reflect, as recorded by the owner. */
+export interface SavedIndex {
+  generation: number;
+  checksum: string;
+}
+
+/** What ScopedHybridIndex needs from the store that owns the documents. */
+export interface ScopeSource {
+  /** The scope's current generation (0 for a scope never written). */
+  generation(scope: string): number;
+  savedIndex(scope: string): SavedIndex | undefined;
+  /** Records what the scope's files now hold (called after they are written). */
+  indexSaved(scope: string, saved: SavedIndex): void;
+  /** Every live document of the scope, for a rebuild. */
+  documents(scope: string): Iterable<IndexedDocument>;
+}
+
+export interface RebuildReport {
+  scope: string;
+  reason: "missing" | "stale" | "corrupt";
+  detail: string;
+  documents: number;
+  ms: number;
+}
+
+export interface ScopedHybridIndexOptions {
+  /** Folder of the index files (created if missing). */
+  dir: string;
+  dim: number;
+  source: ScopeSource;
+  /** Tokeniser for BM25 (default: text-terms.ts's terms, CJK-aware). */
+  terms?: (text: string) => string[];
+  bm25?: Bm25Options;
+  hnsw?: VectorIndexOptions;
+  /** Delay between a write and the saving of the index files (default 1000 ms). */
+  flushDelayMs?: number;
+  onRebuild?: (report: RebuildReport) => void;
+}
+
+export interface HybridQuery {
+  terms: string[];
+  vector: Float32Array;
+}
+
+export interface HybridSearchOptions {
+  limit: number;
+  /** Candidates taken from each index before fusion (default max(4 × limit, 40)). */
+  depth?: number;
+  /** Which documents may be returned; runs inside each index's search. */
+  accept?: (id: string) => boolean;
+  fusion?: Fusion;
+  /** For the recency signal (default Date.now()). */
+  now?: number;
+  /** Recency half-life (default 30 days). */
+  halfLifeMs?: number;
+  /** Results with a fused score below this are left out (default 0). */
+  minScore?: number;
+}
+
+export interface HybridHit {
+  id: string;
+  score: number;
+  signals: Signals;
+}
+
+interface Scope {
+  vectors: VectorIndex;
+  bm25: Bm25Index;
+  at: Map<string, number>;
+  generation: number;
+  dirty: boolean;
+}
+
+const DAY_MS = 86_400_000;
+
+export class ScopedHybridIndex {
+  private readonly scopes = new Map<string, Scope>();
+  private readonly terms: (text: string) => string[];
+  private timer: NodeJS.Timeout | null = null;
+  private closed = false;
+  /** Every rebuild since this object was made, oldest first. */
+  readonly rebuilds: RebuildReport[] = [];
+
+  constructor(private readonly options: ScopedHybridIndexOptions) {
+    mkdirSync(options.dir, { recursive: true });
+    this.terms = options.terms ?? defaultTerms;
+  }
+
+  /** Loads a scope's indexes (rebuilding them if their files are missing, damaged or stale); cached. */
+  open(scope: string): void {
+    this.scopeOf(scope);
+  }
+
+  isOpen(scope: string): boolean {
+    return this.scopes.has(scope);
+  }
+
+  /** Adds or replaces documents after the owner committed them at `generation`. */
+  put(scope: string, docs: readonly IndexedDocument[], generation: number): void {
+    const s = this.scopeOf(scope);
+    for (const d of docs) {
+      s.vectors.add(d.id, d.vector);
+      s.bm25.add(d.id, this.terms(d.text));
+      s.at.set(d.id, d.at);
+    }
+    this.changed(s, generation);
+  }
+
+  /** Removes documents after the owner committed their removal at `generation`. */
+  remove(scope: string, ids: readonly string[], generation: number): void {
+    const s = this.scopeOf(scope);
+    for (const id of ids) {
+      s.vectors.remove(id);
+      s.bm25.remove(id);
+      s.at.delete(id);
+    }
+    this.changed(s, generation);
+  }
+
+  /** Forgets a scope and deletes its files (the owner erases its record of them). */
+  drop(scope: string): void {
+    this.scopes.delete(scope);
+    VectorIndex.remove(this.base(scope));
+  }
+
+  search(scope: string, query: HybridQuery, options: HybridSearchOptions): HybridHit[] {
+    const s = this.scopeOf(scope);
+    const fusion = options.fusion ?? DEFAULT_FUSION;
+    const w = { dense: 1, bm25: 1, ...fusion.weights };
+    const depth = options.depth ?? Math.max(4 * options.limit, 40);
+    const ids = new Set<string>();
+    if (w.dense > 0) for (const h of s.vectors.search(query.vector, depth, options.accept)) ids.add(h.id);
+    if (w.bm25 > 0) for (const h of s.bm25.search(query.terms, depth, options.accept)) ids.add(h.id);
+    if (ids.size === 0) return [];
+    const now = options.now ?? Date.now();
+    const halfLife = options.halfLifeMs ?? 30 * DAY_MS;
+    // Every candidate gets all three signals, found by its index or not, so the fused order does
+    // not depend on which list happened to surface it.
+    const list = [...ids];
+    const raw = list.map((id) => s.bm25.score(id, query.terms));
+    const top = Math.max(...raw);
+    const signals: Signals[] = list.map((id, i) => ({
+      dense: Math.max(0, s.vectors.similarity(id, query.vector) ?? 0),
+      bm25: top > 0 ? raw[i] / top : 0,
+      recency: recency(s.at.get(id) ?? 0, now, halfLife),
+    }));
+    const scores = fuse(signals, fusion);
+    const minScore = options.minScore ?? 0;
+    return list
+      .map((id, i) => ({ id, score: scores[i], signals: signals[i] }))
+      .filter((h) => h.score >= minScore && h.score > 0)
+      .sort((a, b) => b.score - a.score || (a.id < b.id ? -1 : 1))
+      .slice(0, options.limit);
+  }
+
+  /** Writes the files of every scope changed since its last save, and records them with the owner. */
+  flush(): void {
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = null;
+    for (const [scope, s] of this.scopes) {
+      if (!s.dirty) continue;
+      const checksum = s.vectors.save(this.base(scope));
+      this.options.source.indexSaved(scope, { generation: s.generation, checksum });
+      s.dirty = false;
+    }
+  }
+
+  /** Saves what is unsaved and stops the flush timer. */
+  close(): void {
+    if (this.closed) return;
+    this.flush();
+    this.closed = true;
+    this.scopes.clear();
+  }
+
+  /** Counts for stats: scopes loaded and documents in them. */
+  loaded(): { scopes: number; documents: number } {
+    let documents = 0;
+    for (const s of this.scopes.values()) documents += s.vectors.size;
+    return { scopes: this.scopes.size, documents };
+  }
+
+  private changed(s: Scope, generation: number): void {
+    s.generation = generation;
+    s.dirty = true;
+    if (this.timer === null && !this.closed) {
+      this.timer = setTimeout(() => this.flush(), this.options.flushDelayMs ?? 1000);
+      this.timer.unref();
+    }
+  }
+
+  private scopeOf(scope: string): Scope {
+    if (this.closed) throw new Error("the index is closed");
+    const cached = this.scopes.get(scope);
+    if (cached !== undefined) return cached;
+    const s = this.load(scope);
+    this.scopes.set(scope, s);
+    return s;
+  }
+
+  private load(scope: string): Scope {
+    const { source, dim, hnsw } = this.options;
+    const generation = source.generation(scope);
+    const saved = source.savedIndex(scope);
+    const bm25 = new Bm25Index(this.options.bm25);
+    const at = new Map<string, number>();
+    if (generation === 0 && saved === undefined) return { vectors: VectorIndex.create(dim, hnsw), bm25, at, generation, dirty: false };
+
+    let vectors: VectorIndex | undefined;
+    let problem: Omit<RebuildReport, "documents" | "ms" | "scope"> | undefined;
+    if (saved === undefined) problem = { reason: "missing", detail: "no index was saved for this scope" };
+    else if (saved.generation !== generation) problem = { reason: "stale", detail: `the index files hold generation ${saved.generation}, the store is at ${generation}` };
+    else {
+      try {
+        vectors = VectorIndex.load(this.base(scope), dim, saved.checksum, hnsw);
+      } catch (e) {
+        if (!(e instanceof IndexFileError)) throw e;
+        problem = { reason: e.reason, detail: e.message };
+      }
+    }
+    const t0 = performance.now();
+    const rebuild = vectors === undefined;
+    vectors ??= VectorIndex.create(dim, hnsw);
+    let count = 0;
+    for (const d of source.documents(scope)) {
+      if (rebuild) vectors.add(d.id, d.vector);
+      bm25.add(d.id, this.terms(d.text));
+      at.set(d.id, d.at);
+      count++;
+    }
+    if (!rebuild && count !== vectors.size) {
+      // The checksum matched but the files disagree with the store: a bug, or files copied in from
+      // elsewhere. Trust the store.
+      problem = { reason: "stale", detail: `the index files hold ${vectors.size} points, the store ${count} documents` };
+      vectors = VectorIndex.create(dim, hnsw);
+      for (const d of source.documents(scope)) vectors.add(d.id, d.vector);
+    }
+    const s: Scope = { vectors, bm25, at, generation, dirty: false };
+    if (problem !== undefined) {
+      const report: RebuildReport = { scope, ...problem, documents: count, ms: performance.now() - t0 };
+      this.rebuilds.push(report);
+      this.options.onRebuild?.(report);
+      // Saved soon, so the next open does not rebuild again.
+      this.changed(s, generation);
+    }
+    return s;
+  }
+
+  private base(scope: string): string {
+    return join(this.options.dir, createHash("sha256").update(scope, "utf8").digest("hex").slice(0, 32));
+  }
+}
