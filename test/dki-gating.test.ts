@@ -4,7 +4,8 @@ import { describe, expect, test } from "vitest";
 import { decideGating, DEFAULT_GATING, FairQueue, gateAlpha, resolveConfig, type GatingConfig } from "../src/dki/index.js";
 import { prng } from "./support/prng.js";
 
-const cfg: GatingConfig = { ...DEFAULT_GATING };
+// τ = 0.3 here (the default is 0.25) so the hand-computed points read easily.
+const cfg: GatingConfig = { ...DEFAULT_GATING, relevanceThreshold: 0.3 };
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
 
 describe("α = clamp(σ(w_H·(Ĥ − ½) + w_r·(s₁ − τ) + w_m·(s₁ − s₂)), α_min, α_max)", () => {

@@ -148,7 +148,7 @@ export function registerChatCommand(program: Command): void {
     .description("chat through the DKI system: memories and preferences injected as K/V, history as text")
     .requiredOption("-m, --model <path>", "model: a Hugging Face model folder or a .gguf file")
     .requiredOption("--data <dir>", "the memory store's folder")
-    .option("--cache <dir>", "the K/V cache's folder (default <data>/kv-cache)")
+    .option("--cache <dir>", "the K/V cache's folder (default <data>.kv-cache, beside the store)")
     .requiredOption("--user <id>", "user id")
     .option("--session <id>", "session id", "default")
     .option("-q, --query <text>", "answer this one query and exit")

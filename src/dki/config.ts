@@ -12,8 +12,17 @@ export type MemoryOrder = "score" | "time";
 
 export type HistoryLanguageSetting = "auto" | "cn" | "en";
 
+/**
+ * Which score of a search result gating reads as relevance. "dense" (default): the cosine
+ * similarity of query and memory, an absolute measure. "fused": the store's fused score, which
+ * under its default RRF fusion is rank-based (the top hit scores about 1 whatever the query), so
+ * it orders memories well but cannot say whether any is relevant; use it with weighted fusion.
+ */
+export type RelevanceSignal = "dense" | "fused";
+
 export interface GatingConfig {
-  /** τ: the top-1 fused score a memory needs to be injected at all. */
+  relevanceSignal: RelevanceSignal;
+  /** τ: the relevance a memory needs to be injected at all (the top one's decides whether any is). */
   relevanceThreshold: number;
   /** The top-1/top-2 margin needed besides (0: none). */
   minMargin: number;
@@ -55,7 +64,8 @@ export interface DKIConfig {
 }
 
 export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
-  relevanceThreshold: 0.3,
+  relevanceSignal: "dense",
+  relevanceThreshold: 0.25,
   minMargin: 0,
   entropyWeight: 2,
   relevanceWeight: 6,
@@ -103,6 +113,7 @@ export function resolveConfig(input: DKIConfigInput = {}): DKIConfig {
   const choice = (name: string, v: unknown, choices: readonly string[]) => {
     if (!choices.includes(v as string)) throw new DkiArgumentError(`config.${name} must be one of ${choices.map((x) => JSON.stringify(x)).join(", ")}, got ${shown(v)}`);
   };
+  choice("gating.relevanceSignal", g.relevanceSignal, ["dense", "fused"]);
   for (const k of ["relevanceThreshold", "minMargin", "entropyWeight", "relevanceWeight", "marginWeight"] as const) finite(`gating.${k}`, g[k]);
   unit("gating.alphaMin", g.alphaMin);
   unit("gating.alphaMax", g.alphaMax);

@@ -4,7 +4,8 @@
 //   inject ⇔ s₁ ≥ τ and s₁ − s₂ ≥ minMargin
 //   α = clamp(σ(w_H·(Ĥ − ½) + w_r·(s₁ − τ) + w_m·(s₁ − s₂)), α_min, α_max)
 //
-// s₁, s₂ are the top two fused scores from the memory layer (s₂ = 0 with one result), Ĥ the
+// s₁, s₂ are the top two relevance scores of the routed memories (s₂ = 0 with one result): by
+// default their dense (cosine) signal, see RelevanceSignal in config.ts for why; Ĥ is the
 // next-token entropy of the bare query divided by its maximum ln V, so Ĥ ∈ [0, 1] and Ĥ = ½ is
 // neutral. (The reference system fed the fully templated prompt and normalised with σ(H/10), which
 // is never below ½ and so always pushed α up.) The entropy is only measured when relevance has
@@ -30,7 +31,7 @@ export interface GatingDecision {
 }
 
 export interface GatingInput {
-  /** Fused scores of the routed memories, highest first. */
+  /** Relevance of the routed memories, highest first. */
   scores: readonly number[];
   forceAlpha?: number;
   /** false: no K/V at all this turn. */

@@ -14,13 +14,14 @@
 // Preferences reach the model as K/V only, history as text only, and each segment's α is applied
 // once, by the engine. The system depends on the engine's public API (Model, TieredKVCache,
 // KVBlock) and the memory layer's MemoryStoreApi.
-import { join } from "node:path";
+import { resolve } from "node:path";
 import { performance } from "node:perf_hooks";
 import { Model, type InjectionOptions, type LoadOptions, type PositionStrategy, type Segment } from "../engine/model.js";
 import type { FinishReason, SamplingOptions } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets, type CacheStats, type Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Embedder, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import { MemoryStore } from "../memory/memory-store.js";
 import { assembleBlocks, type Assembly, type BlockSpec } from "./assembly.js";
 import { analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
 import { resolveConfig, type DKIConfig, type DKIConfigInput, type EncodingPrefix, type MemoryOrder } from "./config.js";
@@ -38,9 +39,9 @@ export interface DKISystemOptions {
   model: Model | string;
   /** Used when `model` is a path. */
   loadOptions?: LoadOptions;
-  /** The memory store's folder. */
+  /** The memory store's folder (the store keeps it to itself). */
   dataDir: string;
-  /** The K/V cache's folder (default `<dataDir>/kv-cache`). */
+  /** The K/V cache's folder (default: `<dataDir>.kv-cache`, beside the store's). */
   cacheDir?: string;
   budgets?: Partial<CacheBudgets>;
   embedder?: Embedder;
@@ -73,7 +74,10 @@ export interface ChatOptions {
 export interface MemoryUsed {
   id: string;
   text: string;
+  /** The memory store's fused score (routing order). */
   score: number;
+  /** What gating read as its relevance (config.gating.relevanceSignal). */
+  relevance: number;
   tokens: number;
 }
 
@@ -198,7 +202,7 @@ export class DKISystem {
     const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
     const undo: (() => Promise<void>)[] = owns ? [async () => model.dispose()] : [];
     try {
-      const cache = await TieredKVCache.open({ model, dir: o.cacheDir ?? join(o.dataDir, "kv-cache"), budgets });
+      const cache = await TieredKVCache.open({ model, dir: o.cacheDir ?? defaultCacheDir(o.dataDir), budgets });
       undo.push(() => cache.close());
       const store = await opener({ dir: o.dataDir, embedder: o.embedder });
       undo.push(() => store.close());
@@ -383,7 +387,9 @@ export class DKISystem {
     const c = this.config;
     const g = c.gating;
     let t = performance.now();
-    const gating = await decideGating(g, { scores: plan.routed.map((r) => r.score), forceAlpha: opts.forceAlpha, allowInjection: opts.allowInjection }, async () => {
+    const relevance = (r: SearchResult) => (g.relevanceSignal === "dense" ? r.signals.dense : r.score);
+    const scores = plan.routed.map(relevance).sort((a, b) => b - a);
+    const gating = await decideGating(g, { scores, forceAlpha: opts.forceAlpha, allowInjection: opts.allowInjection }, async () => {
       const tp = performance.now();
       // The bare query (n_u tokens, no template, no memory): a prefill far shorter than the
       // prompt's, and the signal gating should see (the reference system probed the whole prompt).
@@ -398,7 +404,7 @@ export class DKISystem {
       let budget = c.memoryMaxTokens;
       // Forced: every routed memory; gated: those that clear the relevance threshold themselves.
       for (const r of plan.routed) {
-        if (!gating.forced && r.score < g.relevanceThreshold) continue;
+        if (!gating.forced && relevance(r) < g.relevanceThreshold) continue;
         const tokens = this.model.tokenizer.encode(r.memory.text, { addSpecialTokens: false });
         if (tokens.length === 0 || tokens.length > budget) continue;
         budget -= tokens.length;
@@ -425,7 +431,7 @@ export class DKISystem {
     return {
       gating,
       assembly,
-      memories: memories.map((m) => ({ id: m.r.memory.id, text: m.r.memory.text, score: m.r.score, tokens: m.tokens.length })),
+      memories: memories.map((m) => ({ id: m.r.memory.id, text: m.r.memory.text, score: m.r.score, relevance: relevance(m.r), tokens: m.tokens.length })),
       preferenceInjected,
       injection: { segments, positions: c.positions, alphaThreshold: g.alphaThreshold },
     };
@@ -548,6 +554,9 @@ function addLatency(into: LatencyBreakdown, l: LatencyBreakdown, k = 1): void {
 
 const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 
-async function defaultStoreOpener(o: { dir: string; embedder?: Embedder }): Promise<MemoryStoreApi> {
-  throw new DkiArgumentError(`no memory store implementation is available to open ${o.dir}; pass openStore`);
+const defaultStoreOpener: StoreOpener = (o) => MemoryStore.open(o);
+
+/** Beside the store's folder, not in it: the store refuses a folder holding anything but its own files. */
+export function defaultCacheDir(dataDir: string): string {
+  return `${resolve(dataDir)}.kv-cache`;
 }
