@@ -1,6 +1,6 @@
 // Knowledge-base ingestion: every supported type end to end into LMDB, re-ingestion replacing a
 // document's chunks atomically, de-duplication, and bad input leaving the collection as it was.
-import { writeFileSync } from "node:fs";
+import { rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { KnowledgeBase } from "../src/rag/kb/knowledge-base.js";
@@ -152,6 +152,15 @@ describe("ingestion", () => {
     await kb.close();
     kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok });
     expect(state("docs")).toBe(snapshot);
+    const before = (await kb.search("vegetarian cafe Chaoyang", { collection: "docs", limit: 3 })).map((r) => r.chunk.id);
+    expect(kb.indexRebuilds).toEqual([]);
+    // The collection's index files gone: rebuilt from the chunks, reported, same results.
+    await kb.close();
+    rmSync(join(dir, "index"), { recursive: true, force: true });
+    kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok });
+    expect((await kb.search("vegetarian cafe Chaoyang", { collection: "docs", limit: 3 })).map((r) => r.chunk.id)).toEqual(before);
+    expect(kb.indexRebuilds.map((r) => r.scope)).toEqual(["docs"]);
+    expect(["missing", "corrupt"]).toContain(kb.indexRebuilds[0].reason);
     await expect(KnowledgeBase.open({ dir: tempDir(), embedder, tokenizer: tok, maxDocumentBytes: 0 })).rejects.toThrow(/maxDocumentBytes/);
   });
 });

@@ -1,5 +1,7 @@
 // The knowledge base: collections of documents, each parsed, chunked and embedded, stored in LMDB
-// beside the memory store, searched with the memory layer's retrieval (dense + BM25 fused by RRF).
+// beside the memory store, searched with the memory layer's retrieval: its ScopedHybridIndex with
+// one scope per collection (HNSW + BM25 over CJK-aware terms, fused by RRF), whose files sit in
+// `<dir>/index` and are rebuilt from the chunks here when missing, stale or damaged.
 //
 // Writes are atomic per document: everything that can fail (reading, parsing, chunking, embedding)
 // happens before the one LMDB transaction that replaces a document's chunks, so a failed ingestion
@@ -9,6 +11,7 @@ import { mkdir, readFile, stat } from "node:fs/promises";
 import { isAbsolute, relative, resolve } from "node:path";
 import { open, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../../errors.js";
+import { ScopedHybridIndex, type HybridHit, type HybridQuery, type HybridSearchOptions, type IndexedDocument, type RebuildReport, type SavedIndex } from "../../memory/retrieval/scoped-index.js";
 import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.js";
 import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer } from "./chunk.js";
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
@@ -27,6 +30,8 @@ export interface KnowledgeBaseOptions {
   maxDocumentBytes?: number;
   /** A document that would make more chunks than this is refused. Default 20 000. */
   maxChunksPerDocument?: number;
+  /** Told of every rebuild of a collection's index (it is never silent: also in `rebuilds`). */
+  onIndexRebuild?: (report: RebuildReport) => void;
 }
 
 /** The fields of a document that filters can name (beside docId, title, docType). */
@@ -109,6 +114,12 @@ interface StoredChunk extends KbChunk {
   vector: Uint8Array;
 }
 
+/** Per collection: the generation of its chunks (bumped by every write) and what its index files hold. */
+interface ScopeRecord {
+  generation: number;
+  saved?: SavedIndex;
+}
+
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
 const SEP = "\u0000";
 const docKey = (c: string, d: string) => `${c}${SEP}${d}`;
@@ -167,19 +178,52 @@ export interface CollectionSnapshot {
 
 export class KnowledgeBase {
   private closed = false;
-  /** Bumped on every write to a collection: search indexes built at an older version are rebuilt. */
-  private readonly versions = new Map<string, number>();
+  private readonly index: ScopedHybridIndex;
 
   private constructor(
     private readonly root: RootDatabase,
     private readonly collections: Database<CollectionRecord, string>,
     private readonly documents: Database<KbDocument, string>,
     private readonly chunks: Database<StoredChunk, string>,
+    private readonly scopes: Database<ScopeRecord, string>,
     readonly embedder: Embedder,
     readonly tokenizer: ChunkTokenizer,
     private readonly maxDocumentBytes: number,
     private readonly maxChunks: number,
-  ) {}
+    dir: string,
+    onRebuild: ((r: RebuildReport) => void) | undefined,
+  ) {
+    this.index = new ScopedHybridIndex({
+      dir: resolve(dir, "index"),
+      dim: embedder.dim,
+      onRebuild,
+      source: {
+        generation: (c) => this.scopes.get(c)?.generation ?? 0,
+        savedIndex: (c) => this.scopes.get(c)?.saved,
+        indexesSaved: (saved) => {
+          this.root.transactionSync(() => {
+            for (const [c, s] of saved) {
+              const rec = this.scopes.get(c);
+              if (rec !== undefined) this.scopes.putSync(c, { ...rec, saved: s });
+            }
+          });
+        },
+        documents: (c) => this.indexedDocuments(c),
+      },
+    });
+  }
+
+  /** Every chunk of a collection as the index takes it. */
+  private *indexedDocuments(collection: string): Iterable<IndexedDocument> {
+    const at = new Map<string, number>();
+    for (const { value } of this.documents.getRange(prefixRange(collection))) at.set(value.docId, Number(value.fields.createdAt ?? value.ingestedAt));
+    for (const { value } of this.chunks.getRange(prefixRange(collection))) yield { id: value.id, text: value.text, at: at.get(value.docId) ?? 0, vector: vectorOf(value.vector) };
+  }
+
+  /** Rebuilds of collection indexes since this knowledge base was opened. */
+  get indexRebuilds(): readonly RebuildReport[] {
+    return this.index.rebuilds;
+  }
 
   static async open(o: KnowledgeBaseOptions): Promise<KnowledgeBase> {
     if (o === null || typeof o !== "object" || typeof o.dir !== "string" || o.dir === "") throw new DkiArgumentError("KnowledgeBase.open needs { dir, embedder, tokenizer }");
@@ -203,10 +247,13 @@ export class KnowledgeBase {
       root.openDB<CollectionRecord, string>({ name: "collections" }),
       root.openDB<KbDocument, string>({ name: "documents" }),
       root.openDB<StoredChunk, string>({ name: "chunks" }),
+      root.openDB<ScopeRecord, string>({ name: "scopes" }),
       o.embedder,
       o.tokenizer,
       maxBytes,
       maxChunks,
+      o.dir,
+      o.onIndexRebuild,
     );
   }
 
@@ -271,9 +318,16 @@ export class KnowledgeBase {
     return chunk;
   }
 
-  /** Version of a collection's contents (for index caches). */
-  version(collection: string): number {
-    return this.versions.get(collection) ?? 0;
+  /** The chunk's document, or undefined (for filters inside the index's search). */
+  docOfChunk(collection: string, chunkId: string): string | undefined {
+    return this.chunks.get(chunkKey(collection, chunkId))?.docId;
+  }
+
+  /** The memory layer's hybrid search over one collection's chunks. */
+  hybridSearch(collection: string, query: HybridQuery, options: HybridSearchOptions): HybridHit[] {
+    this.live();
+    this.collection(collection);
+    return this.index.search(collection, query, options);
   }
 
   /** Reads a file and ingests it. The document id defaults to its path relative to the working directory. */
@@ -363,20 +417,27 @@ export class KnowledgeBase {
       chars: parsed.text.length,
       ingestedAt: now,
     };
-    await this.root.transaction(() => {
+    // Open the collection's index first (it may rebuild from the chunks as they are now), then
+    // commit and apply in one synchronous run, so no search can see the index out of step.
+    this.index.open(o.collection);
+    const indexed: IndexedDocument[] = unique.map((p, i) => ({ id: ids[i], text: p.text, at: Number(fields.createdAt), vector: vectors[i] }));
+    const { generation, dropped } = this.root.transactionSync(() => {
       // Read again inside the transaction: another ingestion may have changed the document since.
       const current = this.documents.get(docKey(o.collection, o.docId));
-      for (const id of current?.chunkIds ?? []) this.chunks.remove(chunkKey(o.collection, id));
+      const dropped = (current?.chunkIds ?? []).filter((id) => !seen.has(id));
+      for (const id of current?.chunkIds ?? []) this.chunks.removeSync(chunkKey(o.collection, id));
       unique.forEach((p, i) => {
         const stored: StoredChunk = { id: ids[i], collection: o.collection, docId: o.docId, index: p.index, text: p.text, start: p.start, end: p.end, tokenCount: p.tokenCount, headingPath: p.headingPath, ...(p.page !== undefined ? { page: p.page } : {}), vector: vectorBytes(vectors[i]) };
-        this.chunks.put(chunkKey(o.collection, ids[i]), stored);
+        this.chunks.putSync(chunkKey(o.collection, ids[i]), stored);
       });
-      this.documents.put(docKey(o.collection, o.docId), doc);
+      this.documents.putSync(docKey(o.collection, o.docId), doc);
       const c = this.collections.get(o.collection) ?? { name: o.collection, createdAt: now, embedderId: this.embedder.id, dim: this.embedder.dim, customFields: [] };
       const custom = new Set([...c.customFields, ...customKeys]);
-      this.collections.put(o.collection, { ...c, customFields: [...custom].sort() });
+      this.collections.putSync(o.collection, { ...c, customFields: [...custom].sort() });
+      return { generation: this.bump(o.collection), dropped };
     });
-    this.bump(o.collection);
+    if (dropped.length > 0) this.index.remove(o.collection, dropped, generation);
+    this.index.put(o.collection, indexed, generation);
     return { docId: o.docId, status: old ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length };
   }
 
@@ -385,31 +446,38 @@ export class KnowledgeBase {
     this.live();
     this.collection(collection);
     checkDocId(docId);
-    const removed = await this.root.transaction(() => {
+    this.index.open(collection);
+    const removed = this.root.transactionSync(() => {
       const d = this.documents.get(docKey(collection, docId));
-      if (d === undefined) return false;
-      for (const id of d.chunkIds) this.chunks.remove(chunkKey(collection, id));
-      this.documents.remove(docKey(collection, docId));
-      return true;
+      if (d === undefined) return null;
+      for (const id of d.chunkIds) this.chunks.removeSync(chunkKey(collection, id));
+      this.documents.removeSync(docKey(collection, docId));
+      return { ids: d.chunkIds, generation: this.bump(collection) };
     });
-    if (removed) this.bump(collection);
-    return removed;
+    if (removed === null) return false;
+    this.index.remove(collection, removed.ids, removed.generation);
+    return true;
   }
 
   /** Removes a collection with every document and chunk. */
   async removeCollection(name: string): Promise<void> {
     this.live();
     this.collection(name);
-    await this.root.transaction(() => {
-      for (const { key } of this.chunks.getRange(prefixRange(name))) this.chunks.remove(key);
-      for (const { key } of this.documents.getRange(prefixRange(name))) this.documents.remove(key);
-      this.collections.remove(name);
+    this.root.transactionSync(() => {
+      for (const { key } of this.chunks.getRange(prefixRange(name))) this.chunks.removeSync(key);
+      for (const { key } of this.documents.getRange(prefixRange(name))) this.documents.removeSync(key);
+      this.collections.removeSync(name);
+      this.scopes.removeSync(name);
     });
-    this.bump(name);
+    this.index.drop(name);
   }
 
-  private bump(collection: string): void {
-    this.versions.set(collection, this.version(collection) + 1);
+  /** Bumps a collection's generation (inside a write transaction); returns the new one. */
+  private bump(collection: string): number {
+    const rec = this.scopes.get(collection);
+    const generation = (rec?.generation ?? 0) + 1;
+    this.scopes.putSync(collection, { ...(rec ?? {}), generation });
+    return generation;
   }
 
   /** Every chunk of a collection with its vector and its document's fields (what the index is built from). */
@@ -455,6 +523,10 @@ export class KnowledgeBase {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await this.root.close();
+    try {
+      this.index.close();
+    } finally {
+      await this.root.close();
+    }
   }
 }

@@ -1,12 +1,14 @@
-// Knowledge-base search: a collection's chunks ranked by dense similarity and BM25 (CJK-aware
-// terms), fused by reciprocal rank fusion, restricted first by the metadata filter (structurally:
-// unselected documents are never scored), then cut by a similarity threshold. Multi-query
-// expansion and HyDE (seed 004 §8.3.5) run with the caller's local model when asked for.
+// Knowledge-base search: the memory layer's hybrid retrieval over a collection's chunks (dense HNSW
+// and BM25 over CJK-aware terms, fused by reciprocal rank fusion), with the metadata filter inside
+// each index's search (so it cannot starve the results), then a similarity threshold. Multi-query
+// expansion and HyDE (seed 004 §8.3.5) run with the caller's local model when asked for: every
+// query searches, and a chunk keeps the best of each signal over them before one fusion.
 import { DkiArgumentError } from "../../errors.js";
+import { fuse, type Signals } from "../../memory/retrieval/fusion.js";
+import { terms } from "../../memory/text-terms.js";
 import type { Filter } from "../../memory/types.js";
 import type { CitationSource } from "../citations.js";
 import type { KbChunk, KnowledgeBase } from "./knowledge-base.js";
-import { collectionIndex, type RankedHit } from "./index-cache.js";
 
 export type KbSearchMode = "hybrid" | "dense" | "bm25";
 
@@ -36,7 +38,7 @@ export interface KbSearchOptions {
 export interface KbSearchResult {
   chunk: KbChunk;
   source: CitationSource;
-  /** Fused score: the RRF sum over the arms and queries, divided by its largest possible value (1 = first everywhere). */
+  /** Fused score in [0, 1]: reciprocal rank fusion over the signals, over its largest possible value (1 = first in both). */
   score: number;
   signals: { dense: number; bm25: number };
 }
@@ -51,6 +53,7 @@ export interface KbSearchDetail {
 
 /** RRF's k: 60, as in Cormack et al. and most engines. */
 export const RRF_K = 60;
+const WEIGHTS = { hybrid: { dense: 1, bm25: 1, recency: 0 }, dense: { dense: 1, bm25: 0, recency: 0 }, bm25: { dense: 0, bm25: 1, recency: 0 } } as const;
 
 function checkOptions(o: KbSearchOptions): Required<Pick<KbSearchOptions, "limit" | "minScore" | "mode">> {
   if (o === null || typeof o !== "object") throw new DkiArgumentError("search options must be an object with a collection");
@@ -90,7 +93,7 @@ export async function searchKnowledgeBase(kb: KnowledgeBase, query: string, o: K
   if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
   const { limit, minScore, mode } = checkOptions(o);
   const allowed = kb.selectDocuments(o.collection, o.filter);
-  const index = await collectionIndex(kb, o.collection);
+  const accept = allowed === null ? undefined : (id: string) => allowed.has(kb.docOfChunk(o.collection, id) ?? "");
 
   const queries = [query];
   let hydeText: string | undefined;
@@ -102,44 +105,30 @@ export async function searchKnowledgeBase(kb: KnowledgeBase, query: string, o: K
       if (h !== "") hydeText = h;
     }
   }
-
-  // Candidate pool per arm and query: deep enough that fusion can reorder what the threshold and
-  // the limit then cut.
+  // Each query searches with its own terms and vector; HyDE's passage stands in for the original
+  // query's vector in one more search (its terms stay the query's: BM25 needs no guesswork).
+  const texts = [...queries, ...(hydeText !== undefined ? [hydeText] : [])];
+  const vectors = await kb.embedder.embed(texts);
+  const fusion = { method: "rrf" as const, k: RRF_K, weights: WEIGHTS[mode] };
+  // Deep enough that the threshold and the limit cut from a fused order, not from one arm's top.
   const depth = Math.max(50, limit * 10);
-  const lists: RankedHit[][] = [];
-  const dense = new Map<number, number>();
-  const bm25 = new Map<number, number>();
-  const note = (into: Map<number, number>, hits: RankedHit[]) => {
-    for (const h of hits) into.set(h.index, Math.max(into.get(h.index) ?? 0, h.score));
-  };
-  for (const q of queries) {
-    if (mode !== "bm25") {
-      const hits = await index.dense(q, depth, allowed);
-      lists.push(hits);
-      note(dense, hits);
+  const best = new Map<string, Signals>();
+  texts.forEach((t, i) => {
+    const qTerms = i < queries.length ? terms(t) : terms(query);
+    for (const h of kb.hybridSearch(o.collection, { terms: qTerms, vector: vectors[i] }, { limit: depth, depth, accept, fusion })) {
+      const b = best.get(h.id);
+      best.set(h.id, b === undefined ? { ...h.signals } : { dense: Math.max(b.dense, h.signals.dense), bm25: Math.max(b.bm25, h.signals.bm25), recency: h.signals.recency });
     }
-    if (mode !== "dense") {
-      const hits = index.bm25(q, depth, allowed);
-      lists.push(hits);
-      note(bm25, hits);
-    }
-  }
-  if (hydeText !== undefined && mode !== "bm25") {
-    const hits = await index.dense(hydeText, depth, allowed);
-    lists.push(hits);
-    note(dense, hits);
-  }
-  // BM25 scores are unbounded: reported over the best of this search, so they read in [0, 1].
-  const bestBm25 = Math.max(0, ...bm25.values());
-  const fused = new Map<number, number>();
-  for (const list of lists) list.forEach((h, rank) => fused.set(h.index, (fused.get(h.index) ?? 0) + 1 / (RRF_K + rank + 1)));
-  const maxFused = lists.length / (RRF_K + 1);
+  });
+  const ids = [...best.keys()];
+  const scores = fuse(ids.map((id) => best.get(id)!), fusion);
+  const order = ids.map((id, i) => ({ id, score: scores[i], signals: best.get(id)! })).sort((a, b) => b.score - a.score || (a.id < b.id ? -1 : 1));
   const results: KbSearchResult[] = [];
-  for (const [i, f] of [...fused.entries()].sort((a, b) => b[1] - a[1] || a[0] - b[0])) {
-    const signals = { dense: dense.get(i) ?? 0, bm25: bestBm25 > 0 ? (bm25.get(i) ?? 0) / bestBm25 : 0 };
-    if ((mode === "bm25" ? signals.bm25 : signals.dense) < minScore) continue;
-    const chunk = index.chunks[i];
-    const doc = index.documents.get(chunk.docId);
+  for (const h of order) {
+    if ((mode === "bm25" ? h.signals.bm25 : h.signals.dense) < minScore || h.score <= 0) continue;
+    const chunk = kb.getChunk(o.collection, h.id);
+    if (chunk === undefined) continue;
+    const doc = kb.getDocument(o.collection, chunk.docId);
     results.push({
       chunk,
       source: {
@@ -152,8 +141,8 @@ export async function searchKnowledgeBase(kb: KnowledgeBase, query: string, o: K
         ...(chunk.page !== undefined ? { page: chunk.page } : {}),
         ...(doc?.title !== undefined ? { title: doc.title } : {}),
       },
-      score: f / maxFused,
-      signals,
+      score: h.score,
+      signals: { dense: h.signals.dense, bm25: h.signals.bm25 },
     });
     if (results.length === limit) break;
   }
