@@ -24,8 +24,8 @@ export async function writeLinePlot(name, { rows, title, x, y, series = "series"
     encoding: {
       x: { field: "x", type: "quantitative", title: x, scale: xZero ? { type: "symlog", constant: 64 } : { type: "log" }, axis: { values: [...new Set(rows.map((r) => r.x))].sort((a, b) => a - b) } },
       y: { field: "y", type: "quantitative", title: y, scale: { type: "log" } },
-      color: { field: "series", type: "nominal", title: series },
-      strokeDash: { field: "series", type: "nominal", legend: null },
+      color: { field: "series", type: "nominal", title: series, legend: { labelLimit: 400, titleLimit: 400 } },
+      strokeDash: { field: "series", type: "nominal", title: series },
       tooltip: [{ field: "series" }, { field: "x" }, { field: "y" }],
     },
   };
