@@ -195,6 +195,69 @@ describe("hybrid injection", () => {
   });
 });
 
+describe("blocks, order and prefix", () => {
+  test("memoryOrder score vs time; encodingPrefix bos+system keys blocks by the system prompt; clearSessionCache drops a session's blocks; stats", async () => {
+    const dataDir = tempDir();
+    let sys = await open({ gating: { relevanceThreshold: 0 }, preferenceEnabled: false, encodingPrefix: "bos+system" }, dataDir);
+    const [older] = await sys.memories.add("Alice went to Kyoto in spring.", { userId: "alice" });
+    await new Promise((r) => setTimeout(r, 5));
+    const [newer] = await sys.memories.add("Alice loves hiking in the Alps with friends in Kyoto.", { userId: "alice" });
+    const q = "Hiking in the Alps and Kyoto?";
+    const byScore = await sys.chat(q, { userId: "alice", sessionId: "o1", maxNewTokens: 1, systemPrompt: "Be brief." });
+    expect(byScore.memoriesUsed.map((m) => m.id)).toEqual([newer!.id, older!.id]);
+    expect(byScore.memoriesUsed[0]!.score).toBeGreaterThanOrEqual(byScore.memoriesUsed[1]!.score);
+    expect(byScore.cache.tiers.map((b) => b.tier)).toEqual(["L4", "L4"]);
+    // Same system prompt: the same blocks (L1); another: other blocks, encoded behind it (L4).
+    expect((await sys.chat(q, { userId: "alice", sessionId: "o2", maxNewTokens: 1, systemPrompt: "Be brief." })).cache.tiers.map((b) => b.tier)).toEqual(["L1", "L1"]);
+    expect((await sys.chat(q, { userId: "alice", sessionId: "o3", maxNewTokens: 1, systemPrompt: "Be verbose." })).cache.tiers.map((b) => b.tier)).toEqual(["L4", "L4"]);
+    // The blocks o1 and o2 used, dropped from every tier: computed again.
+    expect(await sys.clearSessionCache("o1")).toBe(2);
+    expect(await sys.clearSessionCache("o1")).toBe(0);
+    expect((await sys.chat(q, { userId: "alice", sessionId: "o4", maxNewTokens: 1, systemPrompt: "Be brief." })).cache.tiers.map((b) => b.tier)).toEqual(["L4", "L4"]);
+    const st = sys.stats();
+    expect(st.turns).toBe(4);
+    expect(st.failedTurns).toBe(0);
+    expect(st.meanLatency.totalMs).toBeGreaterThan(0);
+    expect(st.cache.L4.hits).toBe(6);
+    await sys.close();
+
+    sys = await open({ gating: { relevanceThreshold: 0 }, preferenceEnabled: false, memoryOrder: "time" }, dataDir);
+    try {
+      const byTime = await sys.chat(q, { userId: "alice", sessionId: "o5", maxNewTokens: 1 });
+      expect(byTime.memoriesUsed.map((m) => m.id)).toEqual([older!.id, newer!.id]);
+      expect(byTime.metadata.memoryOrder).toBe("time");
+    } finally {
+      await sys.close();
+    }
+  });
+
+  test("a Chinese query gets the Chinese history template; the history is dropped when it would crowd out the answer", async () => {
+    const sys = await open({ gating: { relevanceThreshold: 0 }, generationReserve: 920 }, tempDir());
+    try {
+      await sys.chat("我对花生过敏", { userId: "li", sessionId: "zh", maxNewTokens: 2 });
+      const r = await sys.chat("推荐一个北京的餐厅", { userId: "li", sessionId: "zh", maxNewTokens: 2 });
+      const h = r.metadata.hybridInjection;
+      expect(h.historyLanguage).toBe("cn");
+      // The window (1024) less the reserve (920) leaves 104 prompt tokens: the history does not fit, and goes.
+      expect(h.historyDropped).toBe(true);
+      expect(h.historySuffixText).toBe("");
+      expect(h.finalInput).not.toContain("[会话历史参考]");
+    } finally {
+      await sys.close();
+    }
+    const roomy = await open({ gating: { relevanceThreshold: 0 } }, tempDir());
+    try {
+      await roomy.chat("我对花生过敏", { userId: "li", sessionId: "zh", maxNewTokens: 2 });
+      const h = (await roomy.chat("推荐一个北京的餐厅", { userId: "li", sessionId: "zh", maxNewTokens: 2 })).metadata.hybridInjection;
+      expect(h.historySuffixText.startsWith("[会话历史参考]\n在回复用户之前")).toBe(true);
+      expect(h.historySuffixText).toContain("用户: 我对花生过敏");
+      expect(h.finalInput).toContain(h.historySuffixText);
+    } finally {
+      await roomy.close();
+    }
+  });
+});
+
 describe("many users at once", () => {
   test("concurrent turns give each user the answer it gets alone; an abort cancels only its own turn and records nothing", async () => {
     const sys = await open({ gating: { relevanceThreshold: 0 } });
