@@ -8,6 +8,7 @@ export { VectorIndex, IndexFileError, type VectorIndexOptions, type VectorHit } 
 export { fuse, fusionWeights, recency, DEFAULT_FUSION, DEFAULT_WEIGHTS, type Fusion, type FusionWeights, type Signals } from "./retrieval/fusion.js";
 export {
   ScopedHybridIndex,
+  scopeFileBase,
   type ScopedHybridIndexOptions,
   type ScopeSource,
   type SavedIndex,

@@ -15,6 +15,11 @@
 // Index files are written some time after a write (flushDelayMs) and at close(), not on every
 // write: a crash in between leaves an older generation on disk, which the next open rebuilds.
 //
+// A small scope (fewer than hnswFrom documents, default 1000) is searched exactly by a scan
+// (flat-index.ts says why: hnswlib's per-index overhead) and has no index files: it is loaded
+// from the owner's documents, which is what a rebuild would do anyway. A scope that reaches
+// hnswFrom moves to HNSW for good and from then on is saved, checked and rebuilt as above.
+//
 // Everything here is synchronous, so within one scope a write and a load can never interleave:
 // the owner embeds (asynchronously) first, then opens the scope, commits and applies in one go.
 import { createHash } from "node:crypto";
@@ -24,6 +29,7 @@ import { performance } from "node:perf_hooks";
 import { terms as defaultTerms } from "../text-terms.js";
 import { Bm25Index, type Bm25Options } from "./bm25.js";
 import { DEFAULT_FUSION, fuse, recency, type Fusion, type Signals } from "./fusion.js";
+import { FlatIndex, type DenseIndex } from "./flat-index.js";
 import { IndexFileError, VectorIndex, type VectorIndexOptions } from "./vector-index.js";
 
 export interface IndexedDocument {
@@ -45,8 +51,8 @@ export interface ScopeSource {
   /** The scope's current generation (0 for a scope never written). */
   generation(scope: string): number;
   savedIndex(scope: string): SavedIndex | undefined;
-  /** Records what the scope's files now hold (called after they are written). */
-  indexSaved(scope: string, saved: SavedIndex): void;
+  /** Records what the scopes' files now hold (called after they are written; one call per flush). */
+  indexesSaved(saved: ReadonlyMap<string, SavedIndex>): void;
   /** Every live document of the scope, for a rebuild. */
   documents(scope: string): Iterable<IndexedDocument>;
 }
@@ -68,6 +74,8 @@ export interface ScopedHybridIndexOptions {
   terms?: (text: string) => string[];
   bm25?: Bm25Options;
   hnsw?: VectorIndexOptions;
+  /** Size at which a scope moves from an exact scan to HNSW (default 1000; 0: HNSW always). */
+  hnswFrom?: number;
   /** Delay between a write and the saving of the index files (default 1000 ms). */
   flushDelayMs?: number;
   onRebuild?: (report: RebuildReport) => void;
@@ -100,7 +108,7 @@ export interface HybridHit {
 }
 
 interface Scope {
-  vectors: VectorIndex;
+  vectors: DenseIndex;
   bm25: Bm25Index;
   at: Map<string, number>;
   generation: number;
@@ -139,6 +147,11 @@ export class ScopedHybridIndex {
       s.bm25.add(d.id, this.terms(d.text));
       s.at.set(d.id, d.at);
     }
+    if (s.vectors instanceof FlatIndex && s.vectors.size >= this.hnswFrom) {
+      const hnsw = VectorIndex.create(this.options.dim, this.options.hnsw);
+      for (const [id, v] of s.vectors.entries()) hnsw.add(id, v);
+      s.vectors = hnsw;
+    }
     this.changed(s, generation);
   }
 
@@ -164,8 +177,9 @@ export class ScopedHybridIndex {
     const fusion = options.fusion ?? DEFAULT_FUSION;
     const w = { dense: 1, bm25: 1, ...fusion.weights };
     const depth = options.depth ?? Math.max(4 * options.limit, 40);
-    const ids = new Set<string>();
-    if (w.dense > 0) for (const h of s.vectors.search(query.vector, depth, options.accept)) ids.add(h.id);
+    const dense = new Map<string, number>();
+    if (w.dense > 0) for (const h of s.vectors.search(query.vector, depth, options.accept)) dense.set(h.id, h.similarity);
+    const ids = new Set(dense.keys());
     if (w.bm25 > 0) for (const h of s.bm25.search(query.terms, depth, options.accept)) ids.add(h.id);
     if (ids.size === 0) return [];
     const now = options.now ?? Date.now();
@@ -176,7 +190,7 @@ export class ScopedHybridIndex {
     const raw = list.map((id) => s.bm25.score(id, query.terms));
     const top = Math.max(...raw);
     const signals: Signals[] = list.map((id, i) => ({
-      dense: Math.max(0, s.vectors.similarity(id, query.vector) ?? 0),
+      dense: Math.max(0, dense.get(id) ?? s.vectors.similarity(id, query.vector) ?? 0),
       bm25: top > 0 ? raw[i] / top : 0,
       recency: recency(s.at.get(id) ?? 0, now, halfLife),
     }));
@@ -193,12 +207,13 @@ export class ScopedHybridIndex {
   flush(): void {
     if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
+    const saved = new Map<string, SavedIndex>();
     for (const [scope, s] of this.scopes) {
-      if (!s.dirty) continue;
-      const checksum = s.vectors.save(this.base(scope));
-      this.options.source.indexSaved(scope, { generation: s.generation, checksum });
+      if (!s.dirty || !(s.vectors instanceof VectorIndex)) continue;
+      saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
       s.dirty = false;
     }
+    if (saved.size > 0) this.options.source.indexesSaved(saved);
   }
 
   /** Saves what is unsaved and stops the flush timer. */
@@ -216,8 +231,13 @@ export class ScopedHybridIndex {
     return { scopes: this.scopes.size, documents };
   }
 
+  private get hnswFrom(): number {
+    return this.options.hnswFrom ?? 1000;
+  }
+
   private changed(s: Scope, generation: number): void {
     s.generation = generation;
+    if (!(s.vectors instanceof VectorIndex)) return; // nothing on disk to keep in step
     s.dirty = true;
     if (this.timer === null && !this.closed) {
       this.timer = setTimeout(() => this.flush(), this.options.flushDelayMs ?? 1000);
@@ -237,52 +257,54 @@ export class ScopedHybridIndex {
   private load(scope: string): Scope {
     const { source, dim, hnsw } = this.options;
     const generation = source.generation(scope);
-    const saved = source.savedIndex(scope);
     const bm25 = new Bm25Index(this.options.bm25);
     const at = new Map<string, number>();
-    if (generation === 0 && saved === undefined) return { vectors: VectorIndex.create(dim, hnsw), bm25, at, generation, dirty: false };
+    const docs = generation === 0 ? [] : [...source.documents(scope)];
+    for (const d of docs) {
+      bm25.add(d.id, this.terms(d.text));
+      at.set(d.id, d.at);
+    }
+    const saved = source.savedIndex(scope);
+    // A scope that has index files moved to HNSW once and stays there, so its results do not
+    // change kind (and float rounding) when deletions shrink it.
+    if (saved === undefined && (docs.length < this.hnswFrom || docs.length === 0)) {
+      const vectors = this.hnswFrom === 0 ? VectorIndex.create(dim, hnsw) : new FlatIndex(dim);
+      for (const d of docs) vectors.add(d.id, d.vector);
+      return { vectors, bm25, at, generation, dirty: false };
+    }
 
-    let vectors: VectorIndex | undefined;
     let problem: Omit<RebuildReport, "documents" | "ms" | "scope"> | undefined;
     if (saved === undefined) problem = { reason: "missing", detail: "no index was saved for this scope" };
     else if (saved.generation !== generation) problem = { reason: "stale", detail: `the index files hold generation ${saved.generation}, the store is at ${generation}` };
     else {
       try {
-        vectors = VectorIndex.load(this.base(scope), dim, saved.checksum, hnsw);
+        const vectors = VectorIndex.load(this.base(scope), dim, saved.checksum, hnsw);
+        // The checksum matched, but files copied in from elsewhere could still disagree with the store.
+        if (vectors.size === docs.length && docs.every((d) => vectors.has(d.id))) return { vectors, bm25, at, generation, dirty: false };
+        problem = { reason: "stale", detail: `the index files hold ${vectors.size} points that are not the store's ${docs.length} documents` };
       } catch (e) {
         if (!(e instanceof IndexFileError)) throw e;
         problem = { reason: e.reason, detail: e.message };
       }
     }
     const t0 = performance.now();
-    const rebuild = vectors === undefined;
-    vectors ??= VectorIndex.create(dim, hnsw);
-    let count = 0;
-    for (const d of source.documents(scope)) {
-      if (rebuild) vectors.add(d.id, d.vector);
-      bm25.add(d.id, this.terms(d.text));
-      at.set(d.id, d.at);
-      count++;
-    }
-    if (!rebuild && count !== vectors.size) {
-      // The checksum matched but the files disagree with the store: a bug, or files copied in from
-      // elsewhere. Trust the store.
-      problem = { reason: "stale", detail: `the index files hold ${vectors.size} points, the store ${count} documents` };
-      vectors = VectorIndex.create(dim, hnsw);
-      for (const d of source.documents(scope)) vectors.add(d.id, d.vector);
-    }
+    const vectors = VectorIndex.create(dim, hnsw);
+    for (const d of docs) vectors.add(d.id, d.vector);
     const s: Scope = { vectors, bm25, at, generation, dirty: false };
-    if (problem !== undefined) {
-      const report: RebuildReport = { scope, ...problem, documents: count, ms: performance.now() - t0 };
-      this.rebuilds.push(report);
-      this.options.onRebuild?.(report);
-      // Saved soon, so the next open does not rebuild again.
-      this.changed(s, generation);
-    }
+    const report: RebuildReport = { scope, ...problem, documents: docs.length, ms: performance.now() - t0 };
+    this.rebuilds.push(report);
+    this.options.onRebuild?.(report);
+    // Saved soon, so the next open does not rebuild again.
+    this.changed(s, generation);
     return s;
   }
 
   private base(scope: string): string {
-    return join(this.options.dir, createHash("sha256").update(scope, "utf8").digest("hex").slice(0, 32));
+    return scopeFileBase(this.options.dir, scope);
   }
+}
+
+/** Where a scope's index files live: `<base>.hnsw` and `<base>.ids.json`, named by a hash so any scope name is a safe file name. */
+export function scopeFileBase(dir: string, scope: string): string {
+  return join(dir, createHash("sha256").update(scope, "utf8").digest("hex").slice(0, 32));
 }

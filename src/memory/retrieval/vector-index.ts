@@ -9,6 +9,7 @@
 import { createHash } from "node:crypto";
 import { readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import hnswlib from "hnswlib-node";
+import type { DenseHit, DenseIndex } from "./flat-index.js";
 
 const { HierarchicalNSW } = hnswlib;
 type Hnsw = InstanceType<typeof HierarchicalNSW>;
@@ -22,11 +23,7 @@ export interface VectorIndexOptions {
   ef?: number;
 }
 
-export interface VectorHit {
-  id: string;
-  /** Cosine similarity to the query, in [-1, 1]. */
-  similarity: number;
-}
+export type VectorHit = DenseHit;
 
 /** An index file that is missing, damaged or not the one the owner saved last. */
 export class IndexFileError extends Error {
@@ -52,7 +49,7 @@ interface IdsFile {
   deleted: number;
 }
 
-export class VectorIndex {
+export class VectorIndex implements DenseIndex {
   private readonly labelOf = new Map<string, number>();
   private readonly idOf = new Map<number, string>();
   private nextLabel = 0;
