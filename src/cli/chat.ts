@@ -7,6 +7,13 @@ import type { Command } from "commander";
 import { DKISystem, type DKIResponse } from "../dki/index.js";
 import { intOption, numberOption, choiceOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
+import { ragCommand } from "./rag.js";
+
+/** `--mode rag`: the same turn through the RAG baseline (dki rag has its knowledge-base options). */
+function chatAsRag(flags: ChatFlags): Promise<void> {
+  if (flags.alpha !== undefined) throw new Error("--alpha applies to --mode dki only");
+  return ragCommand({ ...flags, session: flags.session });
+}
 
 interface ChatFlags {
   model: string;
@@ -159,5 +166,6 @@ export function registerChatCommand(program: Command): void {
     .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128)
     .option("--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024))
     .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))
-    .action((flags: ChatFlags) => chat(flags));
+    .option("--mode <mode>", "dki (memory as K/V) or rag (memory as prompt text: the RAG baseline, see dki rag)", choiceOption("--mode", ["dki", "rag"] as const), "dki")
+    .action((flags: ChatFlags & { mode: "dki" | "rag" }) => (flags.mode === "rag" ? chatAsRag(flags) : chat(flags)));
 }

@@ -1,9 +1,10 @@
 // `dki kb`: the knowledge base from the command line: ingest files into a collection, search it
 // with metadata filters, list collections and documents, remove a document. The knowledge base
-// lives in `<data>/kb`, beside the memory store. Chunks are counted with a model's tokenizer
+// lives in `<data>.kb`, beside the memory store's folder (the store refuses a folder holding
+// anything but its own files), as the K/V cache lives in `<data>.kv-cache`. Chunks are counted with a model's tokenizer
 // (--tokenizer: a model or tokenizer folder; default the bundled SmolLM2 tokenizer).
 import { existsSync, readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import cliProgress from "cli-progress";
 import type { Command } from "commander";
@@ -25,10 +26,15 @@ export function bundledTokenizerDir(): string {
   }
 }
 
-/** Opens `<data>/kb` with the default embedder and the given (or bundled) tokenizer. */
-export async function openKnowledgeBase(data: string, tokenizerDir?: string): Promise<KnowledgeBase> {
-  const tokenizer = await Tokenizer.fromFolder(tokenizerDir ?? bundledTokenizerDir());
-  return KnowledgeBase.open({ dir: join(data, "kb"), embedder: new HashingEmbedder(), tokenizer });
+/** The knowledge base's folder for a data folder: beside it. */
+export function knowledgeBaseDir(data: string): string {
+  return `${resolve(data)}.kb`;
+}
+
+/** Opens the data folder's knowledge base with the default embedder and the given (or bundled) tokenizer. */
+export async function openKnowledgeBase(data: string, tokenizer?: string | Tokenizer): Promise<KnowledgeBase> {
+  const tok = tokenizer instanceof Tokenizer ? tokenizer : await Tokenizer.fromFolder(tokenizer ?? bundledTokenizerDir());
+  return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: new HashingEmbedder(), tokenizer: tok });
 }
 
 /** A JSON object from an option, or an error naming the option. */
@@ -125,7 +131,7 @@ async function rm(docId: string, flags: CommonFlags & { collection: string }): P
 export function registerKbCommand(program: Command): void {
   const kb = program.command("kb").description("knowledge base: ingest documents into collections, search them");
   const common = (c: Command) =>
-    c.requiredOption("--data <dir>", "data folder (the knowledge base is <data>/kb)").option("--tokenizer <dir>", "tokenizer for chunk sizes: a model or tokenizer folder (default: the bundled SmolLM2 tokenizer)");
+    c.requiredOption("--data <dir>", "data folder (the knowledge base is the folder <data>.kb beside it)").option("--tokenizer <dir>", "tokenizer for chunk sizes: a model or tokenizer folder (default: the bundled SmolLM2 tokenizer)");
   common(
     kb
       .command("ingest <paths...>")

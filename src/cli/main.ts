@@ -8,6 +8,7 @@ import { registerGenerateCommands } from "./generate.js";
 import { registerModelsCommand } from "./models.js";
 import { registerChatCommand } from "./chat.js";
 import { registerKbCommand } from "./kb.js";
+import { registerRagCommand } from "./rag.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -33,6 +34,7 @@ registerGenerateCommands(program);
 registerModelsCommand(program);
 registerChatCommand(program);
 registerKbCommand(program);
+registerRagCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

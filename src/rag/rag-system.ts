@@ -14,7 +14,6 @@
 // text (Prompt Cache / TurboRAG / Block-Attention). A model not trained for blocks encoded apart
 // loses the attention between chunks and sees each start with its own prefix: expect lower answer
 // quality than text on such a model.
-import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { Model, type LoadOptions, type Segment } from "../engine/model.js";
 import type { FinishReason, SamplingOptions } from "../engine/generate.js";
@@ -27,7 +26,8 @@ import { resolveConfig, type DKIConfig, type DKIConfigInput } from "../dki/confi
 import { FairQueue } from "../dki/fair-queue.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
-import type { StoreOpener } from "../dki/system.js";
+import { defaultCacheDir, type StoreOpener } from "../dki/system.js";
+import { MemoryStore } from "../memory/memory-store.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
@@ -55,10 +55,11 @@ export interface RAGSystemOptions {
   /** The shared settings: maxMemories, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
   config?: DKIConfigInput;
   rag?: Partial<RAGConfig>;
+  /** Opens the store (default: MemoryStore.open, as DKISystem). */
   openStore?: StoreOpener;
   /** A knowledge base for `collection` turns (the caller keeps owning it). */
   knowledgeBase?: KnowledgeBase;
-  /** K/V cache folder for kbMode "kv" (default `<dataDir>/kv-cache`, opened on the first kv turn). */
+  /** K/V cache folder for kbMode "kv" (default: DKISystem's, beside the store's folder; opened on the first kv turn). */
   cacheDir?: string;
   budgets?: Partial<CacheBudgets>;
 }
@@ -156,15 +157,14 @@ export class RAGSystem {
     if (o === null || typeof o !== "object") throw new DkiArgumentError("RAGSystem.open needs { model, dataDir }");
     if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError("RAGSystem.open: dataDir must be a folder path");
     if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError("RAGSystem.open: model must be a loaded Model or a model path");
-    if (o.openStore === undefined) throw new DkiArgumentError("RAGSystem.open: pass openStore (the memory store to open)");
     const config = resolveConfig(o.config);
     const rag = resolveRagConfig(o.rag);
     const owns = typeof o.model === "string";
     const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
     try {
-      const store = await o.openStore({ dir: o.dataDir, embedder: o.embedder });
+      const store = await (o.openStore ?? ((x) => MemoryStore.open(x)))({ dir: o.dataDir, embedder: o.embedder });
       const budgets = { l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30, ...(o.budgets ?? {}) };
-      return new RAGSystem(model, owns, store, config, rag, o.knowledgeBase ?? null, o.cacheDir ?? join(o.dataDir, "kv-cache"), budgets);
+      return new RAGSystem(model, owns, store, config, rag, o.knowledgeBase ?? null, o.cacheDir ?? defaultCacheDir(o.dataDir), budgets);
     } catch (e) {
       if (owns) model.dispose();
       throw e;
