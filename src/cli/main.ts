@@ -9,6 +9,7 @@ import { registerModelsCommand } from "./models.js";
 import { registerChatCommand } from "./chat.js";
 import { registerKbCommand } from "./kb.js";
 import { registerRagCommand } from "./rag.js";
+import { registerMemoryCommands } from "./memory.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -35,6 +36,7 @@ registerModelsCommand(program);
 registerChatCommand(program);
 registerKbCommand(program);
 registerRagCommand(program);
+registerMemoryCommands(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

@@ -1,0 +1,228 @@
+// `dki memory`, `dki pref` and `dki user erase`: the memory store from the command line. Every
+// command opens the store in --data, does one thing and closes it. Output is text, or JSON with
+// snake_case keys (--format json); a memory's metadata is printed as it was stored. Index
+// rebuilds and re-embedding are reported on stderr, never silently.
+import { existsSync } from "node:fs";
+import { resolve } from "node:path";
+import cliProgress from "cli-progress";
+import type { Command } from "commander";
+import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
+import { OnnxEmbedder } from "../memory/embedders/onnx.js";
+import { MemoryStore } from "../memory/memory-store.js";
+import type { ImportFormat } from "../memory/import.js";
+import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
+import { choiceOption, intOption, numberOption } from "./options.js";
+
+type OutputFormat = "text" | "json";
+
+interface StoreFlags {
+  data: string;
+  embedder?: string;
+  reembed?: boolean;
+}
+
+/** A JSON value from an option, or an error naming the option. */
+function jsonOption(name: string, text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (e) {
+    throw new Error(`${name} is not valid JSON: ${(e as Error).message}`);
+  }
+}
+
+/** Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a line on stderr. */
+async function withStore<T>(flags: StoreFlags, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
+  const embedder = flags.embedder === undefined ? undefined : await OnnxEmbedder.load(flags.embedder);
+  const bar = process.stderr.isTTY ? new cliProgress.SingleBar({ stream: process.stderr, format: "re-embedding [{bar}] {value}/{total} memories", hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic) : null;
+  let started = false;
+  const store = await MemoryStore.open({
+    dir: flags.data,
+    embedder,
+    reembed: flags.reembed === true,
+    onProgress: (done, total) => {
+      if (!started) {
+        started = true;
+        process.stderr.write(`dki: re-embedding ${total} memories with ${embedder?.id ?? "the hashing embedder"}\n`);
+        bar?.start(total, 0);
+      }
+      bar?.update(done);
+      if (done === total) bar?.stop();
+    },
+    onRebuild: (r) => process.stderr.write(`dki: rebuilt the index of user ${JSON.stringify(r.scope)} (${r.reason}: ${r.detail}): ${r.documents} memories in ${r.ms.toFixed(0)} ms\n`),
+  });
+  try {
+    return await fn(store);
+  } finally {
+    await store.close();
+  }
+}
+
+function memoryJson(m: Memory): Record<string, unknown> {
+  return { id: m.id, user_id: m.userId, session_id: m.sessionId ?? null, text: m.text, metadata: m.metadata, created_at: m.createdAt, updated_at: m.updatedAt };
+}
+
+function preferenceJson(p: Preference): Record<string, unknown> {
+  return { id: p.id, user_id: p.userId, text: p.text, type: p.type, priority: p.priority, category: p.category ?? null, active: p.active, created_at: p.createdAt, updated_at: p.updatedAt };
+}
+
+function print(format: OutputFormat, json: unknown, text: string): void {
+  process.stdout.write(format === "json" ? `${JSON.stringify(json)}\n` : text.endsWith("\n") || text === "" ? text : `${text}\n`);
+}
+
+const oneLine = (s: string) => s.replace(/\s+/g, " ");
+
+/** The K/V cache folder for erasure: --cache, else `<data>.kv-cache` (where `dki chat` keeps it) when it exists. */
+function cacheFolder(data: string, cache?: string): string | undefined {
+  if (cache !== undefined) return cache;
+  const beside = `${resolve(data)}.kv-cache`;
+  return existsSync(beside) ? beside : undefined;
+}
+
+/**
+ * Erasing needs the cache open but no model: clear() only deletes. This stands in for the model
+ * and refuses to compute, so nothing can be added to the cache on the way.
+ */
+const ERASE_ONLY_MODEL: CacheModel = {
+  info: { fingerprint: "dki-user-erase", device: "cpu" },
+  nativeHandle() {
+    throw new Error("dki user erase opens the K/V cache only to delete from it");
+  },
+  computeBlock() {
+    return Promise.reject(new Error("dki user erase opens the K/V cache only to delete from it"));
+  },
+};
+
+export function registerMemoryCommands(program: Command): void {
+  const store = (c: Command) =>
+    c
+      .requiredOption("--data <dir>", "the memory store's folder")
+      .option("--embedder <dir>", "an ONNX sentence-embedding model folder (default: the offline hashing embedder)")
+      .option("--reembed", "if the store's vectors came from another embedder, re-embed them all (else that is refused)");
+  const scoped = (c: Command) => store(c).requiredOption("--user <id>", "the user whose records these are");
+  const output = (c: Command) => c.option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
+
+  const memory = program.command("memory").description("a user's memories: add, list, search, get, rm, history, and import conversation datasets");
+  output(scoped(memory.command("add <text>").description("add one memory")))
+    .option("--session <id>", "session the memory belongs to")
+    .option("--metadata <json>", "a JSON object stored with the memory")
+    .action((text: string, f: StoreFlags & { user: string; session?: string; metadata?: string; format: OutputFormat }) =>
+      withStore(f, async (s) => {
+        const metadata = f.metadata === undefined ? undefined : (jsonOption("--metadata", f.metadata) as Metadata);
+        const [m] = await s.memories.add(text, { userId: f.user, sessionId: f.session, metadata });
+        print(f.format, memoryJson(m), `added ${m.id}`);
+      }),
+    );
+  output(scoped(memory.command("list").description("list a user's memories, oldest first")))
+    .option("--session <id>", "only this session's")
+    .option("--filter <json>", 'metadata filter: {"eq": {...}}, {"in": {...}}, {"and": [...]}, {"or": [...]}')
+    .action((f: StoreFlags & { user: string; session?: string; filter?: string; format: OutputFormat }) =>
+      withStore(f, async (s) => {
+        const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
+        const all = await s.memories.getAll({ userId: f.user, sessionId: f.session, filter });
+        print(f.format, { memories: all.map(memoryJson) }, all.length === 0 ? "(no memories)" : all.map((m) => `${m.id}\t${oneLine(m.text)}`).join("\n"));
+      }),
+    );
+  output(scoped(memory.command("search <query>").description("hybrid search (dense + BM25, fused) of a user's memories")))
+    .option("--session <id>", "only this session's")
+    .option("--filter <json>", "metadata filter (as for list)")
+    .option("--limit <n>", "results (default 5)", intOption("--limit", 1, 1000), 5)
+    .option("--min-score <x>", "leave out results with a lower fused score", numberOption("--min-score", { min: 0, max: 1 }))
+    .option("--fusion <method>", "rrf or weighted", choiceOption("--fusion", ["rrf", "weighted"] as const), "rrf")
+    .action((query: string, f: StoreFlags & { user: string; session?: string; filter?: string; limit: number; minScore?: number; fusion: "rrf" | "weighted"; format: OutputFormat }) =>
+      withStore(f, async (s) => {
+        const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
+        const results = await s.memories.search(query, { userId: f.user, sessionId: f.session, filter, limit: f.limit, minScore: f.minScore, fusion: { method: f.fusion } });
+        print(
+          f.format,
+          { results: results.map((r) => ({ id: r.memory.id, text: r.memory.text, score: r.score, signals: r.signals, metadata: r.memory.metadata })) },
+          results.length === 0 ? "(no results)" : results.map((r, i) => `[${i + 1}] ${r.score.toFixed(3)} ${r.memory.id}  ${oneLine(r.memory.text)}`).join("\n"),
+        );
+      }),
+    );
+  output(scoped(memory.command("get <id>").description("one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
+    withStore(f, async (s) => {
+      const m = await s.memories.get(id, { userId: f.user });
+      if (m === undefined) throw new Error(`memory ${JSON.stringify(id)} not found for user ${JSON.stringify(f.user)}`);
+      print(f.format, memoryJson(m), `${m.id}${m.sessionId === undefined ? "" : ` (session ${m.sessionId})`}\n${m.text}\nmetadata ${JSON.stringify(m.metadata)}`);
+    }),
+  );
+  output(scoped(memory.command("rm <id>").description("delete one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
+    withStore(f, async (s) => {
+      await s.memories.delete(id, { userId: f.user });
+      print(f.format, { removed: id }, `removed ${id}`);
+    }),
+  );
+  output(scoped(memory.command("history <id>").description("a memory's audit trail: added, updated, deleted"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
+    withStore(f, async (s) => {
+      const h = await s.memories.history(id, { userId: f.user });
+      print(
+        f.format,
+        { history: h.map((e) => ({ id: e.id, at: e.at, action: e.action, metadata: e.metadata })) },
+        h.length === 0 ? "(no history)" : h.map((e) => `${new Date(e.at).toISOString()} ${e.action}`).join("\n"),
+      );
+    }),
+  );
+  store(memory.command("import <file>").description("import a LoCoMo or LongMemEval file: one user per conversation, one memory per turn; prints a JSON summary"))
+    .option("--format <format>", "the file's format: locomo, longmemeval or auto", choiceOption("--format", ["locomo", "longmemeval", "auto"] as const), "auto")
+    .action((file: string, f: StoreFlags & { format: ImportFormat }) =>
+      withStore(f, async (s) => {
+        const bar = process.stderr.isTTY ? new cliProgress.SingleBar({ stream: process.stderr, format: "importing [{bar}] {value}/{total} conversations", hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic) : null;
+        const r = await s.importConversations(file, {
+          format: f.format,
+          onProgress: (done, total) => (done === 0 ? bar?.start(total, 0) : bar?.update(done)),
+        });
+        bar?.stop();
+        print("json", { format: r.format, users: r.users.map((u) => ({ user_id: u.userId, memories: u.memories })), memories: r.memories }, "");
+      }),
+    );
+
+  const pref = program.command("pref").description("a user's preferences: add, list, rm");
+  output(scoped(pref.command("add <text>").description("add a preference")))
+    .requiredOption("--type <type>", "kind of preference (dietary, allergy, style, …)")
+    .option("--priority <n>", "higher comes first (default 0)", intOption("--priority", -1_000_000, 1_000_000), 0)
+    .option("--category <c>", "category")
+    .action((text: string, f: StoreFlags & { user: string; type: string; priority: number; category?: string; format: OutputFormat }) =>
+      withStore(f, async (s) => {
+        const p = await s.preferences.add(text, { userId: f.user, type: f.type, priority: f.priority, category: f.category });
+        print(f.format, preferenceJson(p), `added ${p.id}`);
+      }),
+    );
+  output(scoped(pref.command("list").description("a user's preferences, highest priority first")))
+    .option("--all", "include inactive ones")
+    .action((f: StoreFlags & { user: string; all?: boolean; format: OutputFormat }) =>
+      withStore(f, async (s) => {
+        const list = await s.preferences.list({ userId: f.user, includeInactive: f.all === true });
+        print(f.format, { preferences: list.map(preferenceJson) }, list.length === 0 ? "(no preferences)" : list.map((p) => `${p.id}\t${p.priority}\t${p.type}\t${oneLine(p.text)}${p.active ? "" : "\t(inactive)"}`).join("\n"));
+      }),
+    );
+  output(scoped(pref.command("rm <id>").description("delete a preference"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
+    withStore(f, async (s) => {
+      await s.preferences.delete(id, { userId: f.user });
+      print(f.format, { removed: id }, `removed ${id}`);
+    }),
+  );
+
+  const user = program.command("user").description("users: erase");
+  output(
+    store(user.command("erase <user>").description("erase every record of a user: memories, preferences, conversations, audit entries, index files and cached K/V")).option(
+      "--cache <dir>",
+      "the K/V cache folder to clear too (default <data>.kv-cache when it exists)",
+    ),
+  ).action((userId: string, f: StoreFlags & { cache?: string; format: OutputFormat }) =>
+    withStore(f, async (s) => {
+      const folder = cacheFolder(f.data, f.cache);
+      if (f.cache !== undefined && !existsSync(f.cache)) throw new Error(`--cache ${f.cache}: no such folder`);
+      const cache = folder === undefined ? undefined : await TieredKVCache.open({ model: ERASE_ONLY_MODEL, dir: folder, budgets: { l1Bytes: 0, l2Bytes: 0, l3Bytes: Number.MAX_SAFE_INTEGER } });
+      try {
+        const r = await s.eraseUser(userId, { cache });
+        print(
+          f.format,
+          { user_id: userId, memories: r.memories, preferences: r.preferences, turns: r.turns, audit_entries: r.auditEntries, cache_cleared: r.cacheCleared, cache: folder ?? null },
+          `erased ${userId}: ${r.memories} memories, ${r.preferences} preferences, ${r.turns} conversation turns, ${r.auditEntries} audit entries${folder === undefined ? "; no K/V cache folder" : `; K/V cleared from ${folder}`}`,
+        );
+      } finally {
+        await cache?.close();
+      }
+    }),
+  );
+}
