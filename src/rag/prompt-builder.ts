@@ -8,6 +8,7 @@
 // so the final prompt (whose token boundaries can differ at the joins) is counted again, and if it
 // is still over budget the prompt falls back to the bare query with a warning (§4.4).
 import { DkiArgumentError } from "../errors.js";
+import { tokenCounter } from "../dki/prompt.js";
 import type { Tokenizer } from "../tokenizer/tokenizer.js";
 
 /** What the builder needs of a tokenizer: counts, and the chat template for the "chat" layout. */
@@ -140,7 +141,7 @@ export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput
   const system = input.systemPrompt ?? "";
   const history = input.history ?? [];
   const maxPrompt = budget.maxContext - reserve;
-  const countPart = (s: string): number => tokenizer.encode(s, { addSpecialTokens: false }).length;
+  const countPart = tokenCounter(tokenizer).count;
   const log: string[] = [];
   const warnings: string[] = [];
 
