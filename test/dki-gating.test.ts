@@ -89,6 +89,16 @@ describe("decideGating", () => {
     }
   });
 
+  test("entropyProbe false: no probe, Ĥ taken as ½, α from relevance alone", async () => {
+    const { calls, probe } = probeOf(0.9);
+    const d = await decideGating({ ...cfg, entropyProbe: false }, { scores: [0.7, 0.4] }, probe);
+    expect(calls.n).toBe(0);
+    expect(d).toMatchObject({ inject: true, entropy: null });
+    expect(d.alpha).toBeCloseTo(sigmoid(6 * 0.4 + 2 * 0.3), 12);
+    expect(d.reason).toBe(`top relevance 0.70 ≥ 0.30 (margin 0.30), entropy probe off (Ĥ taken as 0.50) → α = ${sigmoid(6 * 0.4 + 2 * 0.3).toFixed(2)}`);
+    expect(() => resolveConfig({ gating: { entropyProbe: "no" as unknown as boolean } })).toThrow('config.gating.entropyProbe must be true or false, got "no"');
+  });
+
   test("a NaN entropy injects nothing rather than an undefined α", async () => {
     const d = await decideGating(cfg, { scores: [0.9] }, async () => NaN);
     expect(d.inject).toBe(false);

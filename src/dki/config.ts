@@ -36,6 +36,12 @@ export interface GatingConfig {
   alphaMax: number;
   /** Segments with α below this are not injected (the engine's cut-off; the output is then the plain model's). */
   alphaThreshold: number;
+  /**
+   * Measure Ĥ (a prefill of the bare query, n_u tokens) when relevance lets memories in (default
+   * true). false: Ĥ is taken as ½ (neutral) and α follows relevance alone, saving that prefill,
+   * which costs about as much as the prompt's own when the prompt is little more than the query.
+   */
+  entropyProbe: boolean;
 }
 
 export interface DKIConfig {
@@ -73,6 +79,7 @@ export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
   alphaMin: 0,
   alphaMax: 1,
   alphaThreshold: 0.1,
+  entropyProbe: true,
 });
 
 export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze({
@@ -120,6 +127,7 @@ export function resolveConfig(input: DKIConfigInput = {}): DKIConfig {
   if (g.alphaMin > g.alphaMax) throw new DkiArgumentError(`config.gating.alphaMin (${g.alphaMin}) is above config.gating.alphaMax (${g.alphaMax})`);
   finite("gating.alphaThreshold", g.alphaThreshold);
   if (g.alphaThreshold < 0) throw new DkiArgumentError(`config.gating.alphaThreshold must be >= 0, got ${g.alphaThreshold}`);
+  if (typeof g.entropyProbe !== "boolean") throw new DkiArgumentError(`config.gating.entropyProbe must be true or false, got ${shown(g.entropyProbe)}`);
   count("maxMemories", c.maxMemories);
   count("memoryMaxTokens", c.memoryMaxTokens);
   choice("memoryOrder", c.memoryOrder, ["score", "time"]);

@@ -75,10 +75,12 @@ export async function decideGating(cfg: GatingConfig, input: GatingInput, probeE
   if (n === 0) return no("no memory of this user matched the query");
   if (s1 < cfg.relevanceThreshold) return no(`top relevance ${f2(s1)} is below the threshold ${f2(cfg.relevanceThreshold)}: no memory injected`);
   if (s1 - s2 < cfg.minMargin) return no(`top relevance ${f2(s1)} clears the threshold but its margin ${f2(s1 - s2)} over the next is below ${f2(cfg.minMargin)}: ambiguous, no memory injected`);
-  const h = await probeEntropy();
-  if (!Number.isFinite(h)) return no(`the model's entropy on the query is not a number (${h}): no memory injected`);
+  const probed = cfg.entropyProbe ? await probeEntropy() : null;
+  if (probed !== null && !Number.isFinite(probed)) return no(`the model's entropy on the query is not a number (${probed}): no memory injected`);
+  const h = probed ?? 0.5;
   const alpha = gateAlpha(cfg, { relevance: s1, margin: s1 - s2, entropy: h });
-  const why = `top relevance ${f2(s1)} ≥ ${f2(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), model entropy ${f2(h)} of its maximum → α = ${f2(alpha)}`;
-  if (alpha < cfg.alphaThreshold || alpha === 0) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: h, alpha: 0 });
-  return { ...base, entropy: h, inject: true, alpha, reason: why };
+  const uncertainty = probed === null ? "entropy probe off (Ĥ taken as 0.50)" : `model entropy ${f2(h)} of its maximum`;
+  const why = `top relevance ${f2(s1)} ≥ ${f2(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), ${uncertainty} → α = ${f2(alpha)}`;
+  if (alpha < cfg.alphaThreshold || alpha === 0) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: probed, alpha: 0 });
+  return { ...base, entropy: probed, inject: true, alpha, reason: why };
 }
