@@ -41,13 +41,13 @@ const median = (xs) => {
   return s[Math.floor(s.length / 2)];
 };
 
-async function openSystem(model, dataDir, budgets) {
+async function openSystem(model, dataDir, budgets, extra = {}) {
   return DKISystem.open({
     model,
     dataDir,
     budgets,
-    // Relevance high enough that the top memories are injected on every turn of the bench.
-    config: { maxMemories: 3, gating: { relevanceThreshold: 0 }, historyEnabled: false },
+    // Relevance threshold 0: the top memories are injected on every turn of the bench.
+    config: { maxMemories: 3, gating: { relevanceThreshold: 0 }, historyEnabled: false, ...extra },
   });
 }
 
@@ -90,58 +90,60 @@ for (const preset of presets) {
     process.stderr.write(`${preset} ${n} memories: layer ${layerRows.at(-1)["layer ms (mean)"].toFixed(2)} ms\n`);
   }
 
-  // (2) TTFT by the tier the memory blocks come from: three memories of ~100 tokens each.
-  const data = mkdtempSync(join(tmpdir(), "dki-bench-"));
-  let sys = await openSystem(model, data, big);
-  for (let i = 0; i < 3; i++) await sys.memories.add(`The user loves hiking in the alps and peanuts allergy notes ${i}: ` + memoryText(i, 60), { userId: "u" });
-  await sys.chat(QUERY, { userId: "u", sessionId: "warm", maxNewTokens: 1 });
-  await sys.close();
-  const ttft = { L1: [], L2: [], L3: [], L4: [] };
+  // (2) TTFT by the tier the memory blocks come from: three memories of ~100 tokens each. One
+  // system per tier, each with its own copy of the data, and the tiers interleaved turn by turn,
+  // so the load of a shared machine weighs on every tier alike.
+  const N3 = 3;
+  const dirs = { L1: null, L2: null, L3: null, L4: null, probeOff: null };
+  const systems = {};
+  const budgetsOf = { L1: big, L2: { ...big, l1Bytes: 1 }, L3: big, L4: big, probeOff: big };
+  for (const k of Object.keys(dirs)) {
+    dirs[k] = mkdtempSync(join(tmpdir(), "dki-bench-"));
+    const s = await openSystem(model, dirs[k], budgetsOf[k], k === "probeOff" ? { gating: { relevanceThreshold: 0, entropyProbe: false } } : {});
+    for (let i = 0; i < N3; i++) await s.memories.add(`The user loves hiking in the alps and peanuts allergy notes ${i}: ` + memoryText(i, 60), { userId: "u" });
+    await s.chat(QUERY, { userId: "u", sessionId: "t", maxNewTokens: 1 }); // computes the blocks, registers them for session t
+    systems[k] = s;
+  }
+  const ttft = { L1: [], L2: [], L3: [], L4: [], probeOff: [] };
   const probe = [];
-  const seen = { L1: new Set(), L2: new Set(), L3: new Set(), L4: new Set() };
-  const turn = async (s, want) => {
-    const r = await s.chat(QUERY, { userId: "u", sessionId: "t", maxNewTokens: 1 });
-    ttft[want].push(r.latency.ttftMs);
-    probe.push(r.latency.entropyProbeMs);
-    for (const b of r.cache.tiers) seen[want].add(b.tier);
+  const prefill = [];
+  const seen = { L1: new Set(), L2: new Set(), L3: new Set(), L4: new Set(), probeOff: new Set() };
+  const turn = async (k) => {
+    const r = await systems[k].chat(QUERY, { userId: "u", sessionId: "t", maxNewTokens: 1 });
+    ttft[k].push(r.latency.ttftMs);
+    if (k === "L1") probe.push(r.latency.entropyProbeMs), prefill.push(r.latency.prefillMs);
+    for (const b of r.cache.tiers) seen[k].add(b.tier);
   };
-  // L1: blocks stay in L1 between turns.
-  sys = await openSystem(model, data, big);
-  await sys.chat(QUERY, { userId: "u", sessionId: "t", maxNewTokens: 1 });
-  for (let t = 0; t < TURNS; t++) await turn(sys, "L1");
-  await sys.close();
-  // L2: an L1 too small to keep a block: each turn's blocks go down to L2 and come back from there.
-  sys = await openSystem(model, data, { ...big, l1Bytes: 1 });
-  await sys.chat(QUERY, { userId: "u", sessionId: "t", maxNewTokens: 1 });
-  for (let t = 0; t < TURNS; t++) await turn(sys, "L2");
-  await sys.close();
-  // L3: a fresh process's view each turn (the system reopened: only the int8 files are there).
   for (let t = 0; t < TURNS; t++) {
-    sys = await openSystem(model, data, big);
-    await turn(sys, "L3");
-    await sys.close();
+    await turn("L1"); // blocks stay in L1 between turns
+    await turn("L2"); // a 1-byte L1: each turn's blocks went down to L2 and come back from there
+    // L3: a fresh process's view (the system reopened: only the int8 files are there).
+    await systems.L3.close();
+    systems.L3 = await openSystem(model, dirs.L3, big);
+    await turn("L3");
+    await systems.L4.clearSessionCache("t"); // L4: the blocks dropped from every tier
+    await turn("L4");
+    await turn("probeOff");
   }
-  // L4: the blocks dropped from every tier before each turn.
-  sys = await openSystem(model, data, big);
-  for (let t = 0; t < TURNS; t++) {
-    await sys.clearSessionCache("t");
-    await turn(sys, "L4");
+  for (const k of Object.keys(dirs)) {
+    await systems[k].close();
+    rmSync(dirs[k], { recursive: true, force: true });
   }
-  await sys.close();
-  rmSync(data, { recursive: true, force: true });
-  const l1 = mean(ttft.L1);
+  const l1 = median(ttft.L1);
   tierRows.push({
     model: preset,
     "L1 ttft ms": l1,
-    "L2 ttft ms": mean(ttft.L2),
-    "L3 ttft ms": mean(ttft.L3),
-    "L4 (recompute) ttft ms": mean(ttft.L4),
-    "L3/L1": mean(ttft.L3) / l1,
-    "L4/L1": mean(ttft.L4) / l1,
-    "entropy probe ms": mean(probe),
-    "tiers seen (L1/L2/L3/L4 rows)": ["L1", "L2", "L3", "L4"].map((k) => [...seen[k]].join("+")).join(" / "),
+    "L2 ttft ms": median(ttft.L2),
+    "L3 ttft ms": median(ttft.L3),
+    "L4 (recompute) ttft ms": median(ttft.L4),
+    "L3/L1": median(ttft.L3) / l1,
+    "L4/L1": median(ttft.L4) / l1,
+    "L1, probe off ttft ms": median(ttft.probeOff),
+    "entropy probe ms": median(probe),
+    "prompt prefill ms": median(prefill),
+    "tiers seen (L1/L2/L3/L4/probe off)": ["L1", "L2", "L3", "L4", "probeOff"].map((k) => [...seen[k]].join("+")).join(" / "),
   });
-  process.stderr.write(`${preset}: ttft L1 ${l1.toFixed(1)} L3 ${mean(ttft.L3).toFixed(1)} ms\n`);
+  process.stderr.write(`${preset}: ttft L1 ${l1.toFixed(1)} L3 ${median(ttft.L3).toFixed(1)} ms\n`);
   model.dispose();
 }
 
@@ -150,7 +152,7 @@ const notes = [
   `${TURNS} turns a row, 1 new token each; blocks of the layer-cost rows warm in L1; history off, 3 memories routed a turn (relevance threshold 0: every turn injects).`,
   "layer ms = total − prefill − decode − K/V computes − queue wait − entropy probe: routing (hashing embedder + HNSW + BM25 in the memory store), gating logic, cache lookups, prompt rendering and tokenising, the turn's record (one durable store transaction). own ms = layer ms less routing and record (the memory store's search and write): what src/dki itself costs.",
   "The entropy probe is a prefill of the bare query (n_u tokens, no template, no memory), not of the prompt: reported in its own column.",
-  "TTFT is from the chat() call to the first token. L3 rows reopen the system before each turn (a new process's view: int8 files only); L2 rows run with a 1-byte L1 so every block comes back from L2; L4 rows drop the blocks before each turn.",
+  "TTFT (median) is from the chat() call to the first token, 3 memories of ~100 tokens injected. One system per tier, turns interleaved across tiers: L3 reopens its system before each turn (a new process's view: int8 files only); L2 runs with a 1-byte L1 so every block comes back from L2; L4 drops the blocks before each turn; 'probe off' is L1 with gating.entropyProbe false.",
   "Shared 2-core machine: other engineers were building and testing during the run, so single rows are noisy; compare within a row.",
 ];
 writeResults("dki-chat-layer-cpu", { machine: m, rows: layerRows, columns: Object.keys(layerRows[0]), notes });
