@@ -2,7 +2,7 @@
 // smollm2-135m and llama-1b shapes, F16 and Q8_0: the whole process's growth, JavaScript's share
 // (the @huggingface/tokenizers objects, each step's logits), and the engine's, each against the
 // bound file size × 1.15 + K/V cache. One fresh process per file (bench/lib/rss-probe.mjs).
-// Usage: node bench/memory.js [--quick]   (quick: smollm2-135m only)
+// Usage: node bench/peak-rss.js [--quick]   (quick: smollm2-135m only)
 import { spawnSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
@@ -49,7 +49,7 @@ for (const preset of presets) {
   }
 }
 
-writeResults("memory-cpu", {
+writeResults("peak-rss-cpu", {
   machine: machine(native()),
   columns: Object.keys(rows[0]),
   rows,

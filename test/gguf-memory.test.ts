@@ -5,7 +5,7 @@
 // ~50 MB for SmolLM2's 49152-token vocabulary whatever the model's size. The bound is about the
 // engine: the probe counts the model file's resident pages, the addon's and anonymous memory less
 // JavaScript's, read at the same moment (bench/lib/rss-probe.mjs); the whole process's growth is
-// reported beside it, and bench/memory.js shows it within the bound too from the 1B shape up.
+// reported beside it, and bench/peak-rss.js shows it within the bound too from the 1B shape up.
 import { spawnSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";

@@ -210,6 +210,10 @@ export class MemoryStore implements MemoryStoreApi {
           });
         },
         documents: (userId) => this.documents(userId),
+        vector: (userId, id) => {
+          const bytes = this.db.vectors.getBinary([userId, id]);
+          return bytes === undefined ? undefined : toVector(bytes, this.embedder.dim);
+        },
       },
     });
     this.memories = {

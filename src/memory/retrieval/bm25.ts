@@ -69,6 +69,7 @@ export class Bm25Index {
    * first, among those `accept` lets through; documents sharing no term are never returned.
    */
   search(queryTerms: readonly string[], limit: number, accept?: (id: string) => boolean): ScoredId[] {
+    if (limit <= 0) return [];
     const scores = new Map<string, number>();
     for (const t of new Set(queryTerms)) {
       const p = this.postings.get(t);
@@ -76,10 +77,20 @@ export class Bm25Index {
       const idf = this.idf(p.size);
       for (const [id, tf] of p) scores.set(id, (scores.get(id) ?? 0) + idf * this.saturate(tf, this.docs.get(id)!.length));
     }
-    const out: ScoredId[] = [];
-    for (const [id, score] of scores) if (accept === undefined || accept(id)) out.push({ id, score });
-    out.sort((x, y) => y.score - x.score || (x.id < y.id ? -1 : 1));
-    return out.slice(0, limit);
+    // Keep the best `limit` in a small sorted list: common terms match most documents, and
+    // sorting them all cost more than scoring them.
+    const top: ScoredId[] = [];
+    const better = (x: ScoredId, y: ScoredId) => x.score > y.score || (x.score === y.score && x.id < y.id);
+    for (const [id, score] of scores) {
+      const hit = { id, score };
+      if (top.length === limit && !better(hit, top[limit - 1])) continue;
+      if (accept !== undefined && !accept(id)) continue;
+      let i = top.length;
+      while (i > 0 && better(hit, top[i - 1])) i--;
+      top.splice(i, 0, hit);
+      if (top.length > limit) top.pop();
+    }
+    return top;
   }
 
   /** One document's score for the query (0 when it shares no term or is not indexed). */

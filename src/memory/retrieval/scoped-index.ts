@@ -55,6 +55,12 @@ export interface ScopeSource {
   indexesSaved(saved: ReadonlyMap<string, SavedIndex>): void;
   /** Every live document of the scope, for a rebuild. */
   documents(scope: string): Iterable<IndexedDocument>;
+  /**
+   * One document's vector, if the owner can read it cheaply. Used for the dense signal of a
+   * candidate only BM25 found: reading a point back out of hnswlib copies it into a JS array,
+   * which costs more than the whole graph search.
+   */
+  vector?(scope: string, id: string): Float32Array | undefined;
 }
 
 export interface RebuildReport {
@@ -190,7 +196,7 @@ export class ScopedHybridIndex {
     const raw = list.map((id) => s.bm25.score(id, query.terms));
     const top = Math.max(...raw);
     const signals: Signals[] = list.map((id, i) => ({
-      dense: Math.max(0, dense.get(id) ?? s.vectors.similarity(id, query.vector) ?? 0),
+      dense: Math.max(0, dense.get(id) ?? this.similarity(scope, s, id, query.vector)),
       bm25: top > 0 ? raw[i] / top : 0,
       recency: recency(s.at.get(id) ?? 0, now, halfLife),
     }));
@@ -229,6 +235,11 @@ export class ScopedHybridIndex {
     let documents = 0;
     for (const s of this.scopes.values()) documents += s.vectors.size;
     return { scopes: this.scopes.size, documents };
+  }
+
+  private similarity(scope: string, s: Scope, id: string, query: Float32Array): number {
+    const v = s.vectors instanceof VectorIndex ? this.options.source.vector?.(scope, id) : undefined;
+    return (v === undefined ? s.vectors.similarity(id, query) : cosine(v, query)) ?? 0;
   }
 
   private get hnswFrom(): number {
@@ -302,6 +313,18 @@ export class ScopedHybridIndex {
   private base(scope: string): string {
     return scopeFileBase(this.options.dir, scope);
   }
+}
+
+function cosine(a: Float32Array, b: Float32Array): number {
+  let dot = 0;
+  let aa = 0;
+  let bb = 0;
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return aa === 0 || bb === 0 ? 0 : dot / Math.sqrt(aa * bb);
 }
 
 /** Where a scope's index files live: `<base>.hnsw` and `<base>.ids.json`, named by a hash so any scope name is a safe file name. */

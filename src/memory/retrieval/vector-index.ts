@@ -17,7 +17,7 @@ type Hnsw = InstanceType<typeof HierarchicalNSW>;
 export interface VectorIndexOptions {
   /** Links per node (hnswlib's M, default 16). */
   m?: number;
-  /** Candidate list size while building (default 200). */
+  /** Candidate list size while building (default 100). */
   efConstruction?: number;
   /** Least candidate list size while searching (default 64); a search for more results uses more. */
   ef?: number;
@@ -64,7 +64,7 @@ export class VectorIndex implements DenseIndex {
   static create(dim: number, options: VectorIndexOptions = {}): VectorIndex {
     if (!Number.isInteger(dim) || dim < 1) throw new RangeError(`VectorIndex: dim must be a positive integer, got ${dim}`);
     const hnsw = new HierarchicalNSW("cosine", dim);
-    hnsw.initIndex({ maxElements: INITIAL_CAPACITY, m: options.m ?? 16, efConstruction: options.efConstruction ?? 200, allowReplaceDeleted: true });
+    hnsw.initIndex({ maxElements: INITIAL_CAPACITY, m: options.m ?? 16, efConstruction: options.efConstruction ?? 100, allowReplaceDeleted: true });
     return new VectorIndex(dim, hnsw, options.ef ?? 64);
   }
 
