@@ -5,7 +5,7 @@
 // memories, ≥ 2,000 adds/s in batches.
 // Usage: node bench/memory.js [--quick]   (quick: 1k and 10k memories only)
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { MemoryStore } from "../dist/src/memory/memory-store.js";
@@ -35,6 +35,7 @@ const percentile = (xs, p) => {
 };
 const scratch = mkdtempSync(join(tmpdir(), "dki-bench-memory-"));
 const rows = [];
+const loadAtStart = loadavg()[0];
 
 for (const size of SIZES) {
   const dir = join(scratch, `store-${size}`);
@@ -134,5 +135,6 @@ writeResults("memory", {
     `single adds (one transaction each): ${singles.flush.toFixed(0)}/s with durability "flush", ${singles.commit.toFixed(0)}/s with "commit" (no fsync)`,
     `one user with ${BIG_USER} memories (HNSW index): search p50 ${percentile(bigSearch, 50).toFixed(2)} ms, p95 ${percentile(bigSearch, 95).toFixed(2)} ms; its index files deleted, the rebuild from the store took ${rebuild?.ms.toFixed(0)} ms for the HNSW graph (${rebuildTotalMs.toFixed(0)} ms with reading the store and BM25), reported as "${rebuild?.reason}"`,
     "users below 1000 memories are searched by an exact scan (no index files); 'load all indexes' reads every user's memories and vectors back and rebuilds BM25",
+    `load average at the start ${loadAtStart.toFixed(1)}, at the end ${loadavg()[0].toFixed(1)} (other work on the machine slows every column)`,
   ],
 });
