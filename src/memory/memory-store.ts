@@ -109,6 +109,8 @@ export interface MemoryStoreStats {
   lastRebuild?: RebuildReport;
   /** Bytes of the folder on disk (store file and index files). */
   bytesOnDisk: number;
+  /** Why the last background save of index files failed (they are retried; a stale file is rebuilt on open). */
+  indexSaveError?: string;
 }
 
 export interface EraseResult {
@@ -306,7 +308,7 @@ export class MemoryStore implements MemoryStoreApi {
       if (stored.id !== embedder.id || stored.dim !== embedder.dim) {
         if (options.reembed !== true) {
           throw new MemoryStoreError(
-            `${dir}: its vectors were made by embedder ${stored.id} (${stored.dim} dimensions), not ${embedder.id} (${embedder.dim}); open it with that embedder, or with reembed: true (CLI: --reembed) to re-embed every memory`,
+            `${dir}: its vectors were made by embedder ${stored.id} (${stored.dim} dimensions), not ${embedder.id} (${embedder.dim}); open it with that embedder (CLI: --embedder DIR for an ONNX model), or with reembed: true (CLI: --reembed) to re-embed every memory`,
           );
         }
         await store.reembedAll(stored, options.onProgress);
@@ -709,6 +711,7 @@ export class MemoryStore implements MemoryStoreApi {
       rebuilds,
       ...(rebuilds.length > 0 ? { lastRebuild: rebuilds[rebuilds.length - 1] } : {}),
       bytesOnDisk: folderBytes(this.dir),
+      ...(this.index.lastSaveError === undefined ? {} : { indexSaveError: this.index.lastSaveError }),
     };
   }
 

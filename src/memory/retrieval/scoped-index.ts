@@ -130,6 +130,8 @@ export class ScopedHybridIndex {
   private closed = false;
   /** Every rebuild since this object was made, oldest first. */
   readonly rebuilds: RebuildReport[] = [];
+  /** Why the last background save of index files failed, until one succeeds. */
+  lastSaveError: string | undefined;
 
   constructor(private readonly options: ScopedHybridIndexOptions) {
     mkdirSync(options.dir, { recursive: true });
@@ -214,12 +216,17 @@ export class ScopedHybridIndex {
     if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
     const saved = new Map<string, SavedIndex>();
-    for (const [scope, s] of this.scopes) {
-      if (!s.dirty || !(s.vectors instanceof VectorIndex)) continue;
-      saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
-      s.dirty = false;
+    try {
+      for (const [scope, s] of this.scopes) {
+        if (!s.dirty || !(s.vectors instanceof VectorIndex)) continue;
+        saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
+        s.dirty = false;
+      }
+    } finally {
+      // What was written is recorded even if a later save failed (a full disk): the others stay
+      // dirty and are tried again, and until then their older files read as stale, not as current.
+      if (saved.size > 0) this.options.source.indexesSaved(saved);
     }
-    if (saved.size > 0) this.options.source.indexesSaved(saved);
   }
 
   /** Saves what is unsaved and stops the flush timer. */
@@ -251,7 +258,15 @@ export class ScopedHybridIndex {
     if (!(s.vectors instanceof VectorIndex)) return; // nothing on disk to keep in step
     s.dirty = true;
     if (this.timer === null && !this.closed) {
-      this.timer = setTimeout(() => this.flush(), this.options.flushDelayMs ?? 1000);
+      this.timer = setTimeout(() => {
+        try {
+          this.flush();
+          this.lastSaveError = undefined;
+        } catch (e) {
+          // A timer has no caller to throw to: kept for stats, retried after the next write and at close().
+          this.lastSaveError = e instanceof Error ? e.message : String(e);
+        }
+      }, this.options.flushDelayMs ?? 1000);
       this.timer.unref();
     }
   }
