@@ -251,6 +251,13 @@ export class MemoryStore implements MemoryStoreApi {
     const maxTextChars = checkInteger("maxTextChars", options.maxTextChars ?? DEFAULT_MAX_TEXT_CHARS, 1, 10_000_000);
     if (options.hnswFrom !== undefined) checkInteger("hnswFrom", options.hnswFrom, 0, Number.MAX_SAFE_INTEGER);
     if (options.durability !== undefined && options.durability !== "flush" && options.durability !== "commit") throw new DkiArgumentError(`MemoryStore.open: durability must be "flush" or "commit", got ${JSON.stringify(options.durability)}`);
+    if (options.fusion !== undefined) {
+      try {
+        fusionWeights(options.fusion);
+      } catch (e) {
+        throw new DkiArgumentError(`MemoryStore.open: ${(e as Error).message}`);
+      }
+    }
     const embedder = options.embedder ?? new HashingEmbedder();
     if (!Number.isInteger(embedder.dim) || embedder.dim < 1 || typeof embedder.id !== "string" || embedder.id === "") {
       throw new DkiArgumentError(`MemoryStore.open: the embedder needs a non-empty id and a positive integer dim, got id ${JSON.stringify(embedder.id)}, dim ${embedder.dim}`);
@@ -347,19 +354,19 @@ export class MemoryStore implements MemoryStoreApi {
     const records: Memory[] = items.map((i) => ({ id: newId("mem"), userId, ...(i.sessionId === undefined ? {} : { sessionId: i.sessionId }), text: i.text, metadata: i.metadata, createdAt: now, updatedAt: now, active: true }));
     // Opened before the commit, so a load (or rebuild) cannot see this write and then get it again.
     this.index.open(userId);
+    const sessions = new Set(records.map((m) => m.sessionId));
     const generation = this.env.transactionSync(() => {
       const g = this.bumpUser(userId, now);
-      for (const s of new Set(records.map((m) => m.sessionId))) if (s !== undefined) this.touchSession(userId, s, now);
+      for (const s of sessions) if (s !== undefined) this.touchSession(userId, s, now);
       records.forEach((m, i) => {
         this.db.memories.putSync([userId, m.id], m);
         this.db.vectors.putSync([userId, m.id], vectorBytes(vectors[i]));
       });
-      const sessions = new Set(records.map((m) => m.sessionId));
       const sessionId = sessions.size === 1 ? records[0].sessionId : undefined;
       this.writeAudit({ action: "memory_add", userId, sessionId, memoryIds: records.map((m) => m.id), metadata: {} }, now);
       return g;
     });
-    this.index.put(userId, records.map((m, i) => ({ id: m.id, text: m.text, at: m.updatedAt, vector: vectors[i] })), generation);
+    this.indexed(userId, () => this.index.put(userId, records.map((m, i) => ({ id: m.id, text: m.text, at: m.updatedAt, vector: vectors[i] })), generation));
     return records;
   }
 
@@ -450,7 +457,7 @@ export class MemoryStore implements MemoryStoreApi {
       this.writeAudit({ action: "memory_update", userId, sessionId: before.sessionId, memoryIds: [id], metadata: { previousText: before.text, text } }, now);
       return { updated, generation };
     });
-    this.index.put(userId, [{ id, text, at: now, vector }], generation);
+    this.indexed(userId, () => this.index.put(userId, [{ id, text, at: now, vector }], generation));
     return updated;
   }
 
@@ -469,7 +476,7 @@ export class MemoryStore implements MemoryStoreApi {
       this.writeAudit({ action: "memory_delete", userId, sessionId: before.sessionId, memoryIds: [id], metadata: {} }, now);
       return g;
     });
-    this.index.remove(userId, [id], generation);
+    this.indexed(userId, () => this.index.remove(userId, [id], generation));
   }
 
   private memoryHistory(id: string, scope: { userId: string }): AuditEntry[] {
@@ -638,12 +645,10 @@ export class MemoryStore implements MemoryStoreApi {
     const now = Date.now();
     const counts = this.env.transactionSync(() => {
       const removeAll = (db: Database<unknown, Key>): number => {
-        let n = 0;
-        for (const key of db.getKeys(prefixRange([userId]))) {
-          db.removeSync(key);
-          n++;
-        }
-        return n;
+        // Keys collected first: deleting under a live cursor could make it skip entries.
+        const keys = [...db.getKeys(prefixRange([userId]))];
+        for (const key of keys) db.removeSync(key);
+        return keys.length;
       };
       const memories = removeAll(this.db.memories);
       removeAll(this.db.vectors);
@@ -747,6 +752,19 @@ export class MemoryStore implements MemoryStoreApi {
     return out;
   }
 
+  /**
+   * Applies a committed write to the user's loaded index. The write is already durable, so a
+   * failure here must not read as a failed write: the index is dropped from memory instead, and
+   * the next use reloads it from the store (a rebuild, reported, if its files are behind).
+   */
+  private indexed(userId: string, apply: () => void): void {
+    try {
+      apply();
+    } catch {
+      this.index.forget(userId);
+    }
+  }
+
   /** Inside a transaction: creates the user if new and bumps its generation (index content changes). */
   private bumpUser(userId: string, now: number): number {
     const u = this.db.users.get(userId) ?? { createdAt: now, generation: 0 };
@@ -799,10 +817,10 @@ export class MemoryStore implements MemoryStoreApi {
     const now = Date.now();
     this.env.transactionSync(() => {
       // Vectors of the previous embedder must not survive anywhere, so the whole table is rewritten.
-      for (const key of this.db.vectors.getKeys()) this.db.vectors.removeSync(key);
+      for (const key of [...this.db.vectors.getKeys()]) this.db.vectors.removeSync(key);
       all.forEach((m, i) => this.db.vectors.putSync(m.key, vectorBytes(vectors[i])));
       for (const userId of this.db.users.getKeys()) this.bumpUser(userId, now);
-      for (const key of this.db.indexState.getKeys()) this.db.indexState.removeSync(key);
+      for (const key of [...this.db.indexState.getKeys()]) this.db.indexState.removeSync(key);
       this.db.meta.putSync("embedder", { id: this.embedder.id, dim: this.embedder.dim });
       this.writeSystemAudit({ action: "store_reembed", userId: "", memoryIds: [], metadata: { from: previous.id, to: this.embedder.id, memories: all.length } }, now);
     });

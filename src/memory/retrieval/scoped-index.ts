@@ -174,6 +174,11 @@ export class ScopedHybridIndex {
     this.changed(s, generation);
   }
 
+  /** Forgets a scope's in-memory indexes (its files stay); the next use loads it again. */
+  forget(scope: string): void {
+    this.scopes.delete(scope);
+  }
+
   /** Forgets a scope and deletes its files (the owner erases its record of them). */
   drop(scope: string): void {
     this.scopes.delete(scope);
