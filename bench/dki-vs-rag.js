@@ -6,8 +6,12 @@
 // Per size and system: prompt tokens, memory tokens that reached the model, attention scores of
 // the prefill, time to first token, decode tok/s, total turn latency, peak RSS of the turn; DKI
 // cold (every block computed: L4) and warm from L1, L2 and L3.
-// Usage: node bench/dki-vs-rag.js [--quick] [--presets smollm2-135m,llama-1b] [--sizes 0,256,1024]
+// Usage: node bench/dki-vs-rag.js [--quick] [--presets smollm2-135m,llama-1b] [--sizes 0,256,1024] [--replot]
+//                                 [--conversation FILE.json [--max-memories N]]
 //   --quick: sizes 0/256/1K on 135M and 0/256 on 1B, 2 repetitions a row instead of 3
+//   --conversation: also a real conversation (--sizes none: only it) (LoCoMo or LongMemEval file, imported by the memory
+//   store): its first user's turns as memories, its last turn as the query, on the first preset;
+//   results to dki-vs-rag-conversation-cpu.md
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -20,7 +24,8 @@ import { benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
 import { writeLinePlot } from "./lib/plot.js";
 
-const arg = (name) => process.argv.find((a, i) => process.argv[i - 1] === name);
+// "--name value" or "--name=value" (bench/run.js passes only arguments that start with --).
+const arg = (name) => process.argv.find((a, i) => process.argv[i - 1] === name) ?? process.argv.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);
 const quick = process.argv.includes("--quick");
 const presets = (arg("--presets") ?? "smollm2-135m,llama-1b").split(",");
 const REPS = quick ? 2 : 3;
@@ -28,7 +33,7 @@ const MEMORY_TOKENS = 256; // each memory; a size of S tokens is S / 256 memorie
 const NEW_TOKENS = 16;
 const sizesFor = (preset) => {
   const given = arg("--sizes");
-  if (given) return given.split(",").map(Number);
+  if (given !== undefined) return given === "" || given === "none" ? [] : given.split(",").map(Number);
   // The 1B shape prefills ~50 tokens/s on 2 cores: RAG at 4K would take minutes a turn.
   if (preset === "llama-1b") return quick ? [0, 256] : [0, 256, 1024];
   return quick ? [0, 256, 1024] : [0, 256, 1024, 4096, 16384];
@@ -64,7 +69,28 @@ const QUERY = "What do you remember about my hiking in the alps and my peanut al
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
 const rows = [];
-const plotRows = { ttft: [], prompt: [] };
+
+/** The plots' points from the table's rows: TTFT per system and tier; prompt tokens per system (equal across DKI's tiers). */
+function plotRowsOf(rows) {
+  const ttft = rows.map((r) => ({ x: r["memory tokens"], y: r["ttft ms"], series: `${r.shape} ${r.system === "RAG" ? "RAG" : `DKI ${r.tier}`}` }));
+  const prompt = rows.filter((r) => r.system === "RAG" || r.tier === "L1").map((r) => ({ x: r["memory tokens"], y: r["prompt tokens"], series: `${r.shape} ${r.system === "RAG" ? "RAG" : "DKI (every tier)"}` }));
+  return { ttft, prompt };
+}
+async function writePlots(rows, suffix) {
+  const points = plotRowsOf(rows);
+  const plots = [];
+  for (const [key, y, title] of [["ttft", "time to first token (ms, log)", "Time to first token against memory size (CPU, 2 threads)"], ["prompt", "prompt tokens (log)", "Prompt tokens against memory size"]]) {
+    plots.push(await writeLinePlot(`dki-vs-rag-cpu-${key}${suffix}`, { rows: points[key], title, x: "memory tokens (symlog)", y, series: "shape, system and tier" }));
+  }
+  return plots;
+}
+// --replot: the plots again from the table already written (a change of style needs no rerun).
+if (process.argv.includes("--replot")) {
+  const suffix = quick ? "-quick" : "";
+  const { rows } = JSON.parse(readFileSync(new URL(`./results/dki-vs-rag-cpu${suffix}.json`, import.meta.url), "utf8"));
+  for (const p of await writePlots(rows, suffix)) process.stdout.write(`${p.png}\n`);
+  process.exit(0);
+}
 for (const preset of presets) {
   const dir = await benchModel(preset, "f16");
   // The window RAG gets: the model's trained positions on the 135M shape (8192), 4096 on 1B.
@@ -156,9 +182,6 @@ for (const preset of presets) {
       row["same memories as RAG"] = row.system === "RAG" ? "-" : ragIds.every((id) => row.ids.includes(id)) ? (row.ids.length === ragIds.length ? "yes" : `RAG kept ${ragIds.length}/${row.ids.length}`) : "NO";
       delete row.ids;
       rows.push(row);
-      const series = row.system === "RAG" ? "RAG" : `DKI ${row.tier}`;
-      plotRows.ttft.push({ shape: preset, x: size, y: row["ttft ms"], series: `${preset} ${series}` });
-      plotRows.prompt.push({ shape: preset, x: size, y: row["prompt tokens"], series: `${preset} ${series}` });
     }
     const warm = l1["ttft ms"];
     process.stderr.write(`${preset} ${size}: RAG ttft ${ragRow["ttft ms"].toFixed(1)} ms (${ragRow["prompt tokens"]} prompt tokens), DKI cold ${cold["ttft ms"].toFixed(1)} / L1 ${warm.toFixed(1)} / L2 ${l2["ttft ms"].toFixed(1)} / L3 ${l3["ttft ms"].toFixed(1)} ms\n`);
@@ -168,31 +191,94 @@ for (const preset of presets) {
   model.dispose();
 }
 
-const name = "dki-vs-rag-cpu";
-const suffix = quick ? "-quick" : "";
-const columns = ["shape", "memory tokens", "system", "tier", "memories reaching the model", "memory tokens reaching the model", "prompt tokens", "attention scores", "ttft ms", "decode tok/s", "turn ms", "peak RSS MB", "same memories as RAG"];
-const ratio = (preset, size) => {
-  const rag = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.system === "RAG");
-  const l1 = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.tier === "L1");
-  return rag && l1 ? rag["ttft ms"] / l1["ttft ms"] : null;
-};
-const ratios = presets.flatMap((p) => [...new Set(rows.filter((r) => r.shape === p).map((r) => r["memory tokens"]))].map((s) => `${p} ${s}: ${ratio(p, s)?.toFixed(1)}×`));
-const plots = [];
-for (const [key, y, title] of [["ttft", "time to first token (ms, log)", "Time to first token against memory size"], ["prompt", "prompt tokens (log)", "Prompt tokens against memory size"]]) {
-  plots.push(await writeLinePlot(`${name}-${key}${suffix}`, { rows: plotRows[key], title, x: "memory tokens (symlog)", y, series: "shape, system and tier" }));
+// --sizes none: only the conversation below.
+if (rows.length > 0) {
+  const name = "dki-vs-rag-cpu";
+  const suffix = quick ? "-quick" : "";
+  const columns = ["shape", "memory tokens", "system", "tier", "memories reaching the model", "memory tokens reaching the model", "prompt tokens", "attention scores", "ttft ms", "decode tok/s", "turn ms", "peak RSS MB", "same memories as RAG"];
+  const ratio = (preset, size) => {
+    const rag = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.system === "RAG");
+    const l1 = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.tier === "L1");
+    return rag && l1 ? rag["ttft ms"] / l1["ttft ms"] : null;
+  };
+  const ratios = presets.flatMap((p) => [...new Set(rows.filter((r) => r.shape === p).map((r) => r["memory tokens"]))].map((s) => `${p} ${s}: ${ratio(p, s)?.toFixed(1)}×`));
+  const plots = await writePlots(rows, suffix);
+  writeResults(name, {
+    machine: machine(native()),
+    columns,
+    rows,
+    notes: [
+      `Random-weight F16 models at real shapes; one user; memories of ${MEMORY_TOKENS} tokens (a size of S tokens is S/${MEMORY_TOKENS} memories); query "${QUERY}"; ${NEW_TOKENS} new tokens; a fresh session per turn (no history); the chat template; mean of ${REPS} turns a row (1 at 4K and above; DKI cold is 1 turn); RAG's rows come after one unmeasured turn that warms the store's index.`,
+      "Both systems run the same routing call with the same config (maxMemories = number of memories), over the same store. RAG builds its prompt with seed 000's budget in a window of 8192 tokens (135M; the shape's trained positions) or 4096 (1B): 512 reserved, memory at most 50% of the rest, so at 4K and 16K memory tokens RAG keeps only what fits ('memory tokens reaching the model'); DKI injects every memory and spends 0 prompt tokens on them.",
+      "TTFT is from the chat() call to the first streamed token (routing, prompt, K/V assembly and prefill). DKI cold: every block computed (L4); L1: the next turn; L2: a 1-byte L1, so blocks come back from f16 RAM; L3: the system reopened before each turn (int8 files only). DKI forces α = 1 on every routed memory (no gating skip), RAG has no gate.",
+      "Attention scores of the prefill: RAG (n_m + n_u)², DKI n_u·(n_m + n_u), with n_m the memory tokens reaching the model and n_u the other prompt tokens.",
+      "Peak RSS: the process's high-water mark during the turn (reset before it); the model and every earlier allocation are in it, so it shows growth, not the turn's own memory.",
+      `RAG TTFT / warm (L1) DKI TTFT: ${ratios.join(", ")}.`,
+      "The machine (2 cores) was shared with other engineers' builds and tests while this ran: expect noise of tens of percent between rows.",
+      `Plots: ${plots.map((p) => p.png.split("/").pop()).join(", ")} (Vega-Lite specs and SVG beside them).`,
+    ],
+  });
 }
-writeResults(name, {
-  machine: machine(native()),
-  columns,
-  rows,
-  notes: [
-    `Random-weight F16 models at real shapes; one user; memories of ${MEMORY_TOKENS} tokens (a size of S tokens is S/${MEMORY_TOKENS} memories); query "${QUERY}"; ${NEW_TOKENS} new tokens; a fresh session per turn (no history); the chat template; mean of ${REPS} turns a row (1 at 4K and above; DKI cold is 1 turn); RAG's rows come after one unmeasured turn that warms the store's index.`,
-    "Both systems run the same routing call with the same config (maxMemories = number of memories), over the same store. RAG builds its prompt with seed 000's budget in a window of 8192 tokens (135M; the shape's trained positions) or 4096 (1B): 512 reserved, memory at most 50% of the rest, so at 4K and 16K memory tokens RAG keeps only what fits ('memory tokens reaching the model'); DKI injects every memory and spends 0 prompt tokens on them.",
-    "TTFT is from the chat() call to the first streamed token (routing, prompt, K/V assembly and prefill). DKI cold: every block computed (L4); L1: the next turn; L2: a 1-byte L1, so blocks come back from f16 RAM; L3: the system reopened before each turn (int8 files only). DKI forces α = 1 on every routed memory (no gating skip), RAG has no gate.",
-    "Attention scores of the prefill: RAG (n_m + n_u)², DKI n_u·(n_m + n_u), with n_m the memory tokens reaching the model and n_u the other prompt tokens.",
-    "Peak RSS: the process's high-water mark during the turn (reset before it); the model and every earlier allocation are in it, so it shows growth, not the turn's own memory.",
-    `RAG TTFT / warm (L1) DKI TTFT: ${ratios.join(", ")}.`,
-    "The machine (2 cores) was shared with other engineers' builds and tests while this ran: expect noise of tens of percent between rows.",
-    `Plots: ${plots.map((p) => p.png.split("/").pop()).join(", ")} (Vega-Lite specs and SVG beside them).`,
-  ],
-});
+
+// A real conversation: its first user's turns are the memories, its last turn the query.
+const conversation = arg("--conversation");
+if (conversation) {
+  const { parseConversations } = await import("../dist/src/memory/index.js");
+  const preset = presets[0];
+  const model = await Model.load(await benchModel(preset, "f16"), { contextSize: preset === "llama-1b" ? 4096 : 8192 });
+  const data = mkdtempSync(join(tmpdir(), "dki-vs-rag-conv-"));
+  const cacheDir = mkdtempSync(join(tmpdir(), "dki-vs-rag-conv-cache-"));
+  const { format, conversations } = await parseConversations(conversation);
+  const first = conversations[0];
+  const store = await MemoryStore.open({ dir: data });
+  await store.importConversations(conversation);
+  await store.close();
+  const last = first.turns[first.turns.length - 1].text;
+  const query = last.replace(/^[^:]{1,40}:\s*/, "");
+  const maxMemories = Number(arg("--max-memories") ?? 8);
+  const config = { maxMemories, memoryMaxTokens: 65536, historyEnabled: false, preferenceEnabled: false, gating: { relevanceThreshold: 0 } };
+  let n = 0;
+  const convRows = [];
+  const row = (system, tier, r, memoryTokens, ids) => ({
+    system,
+    tier,
+    "memories reaching the model": ids.length,
+    "memory tokens reaching the model": memoryTokens,
+    "prompt tokens": r.inputTokens,
+    "ttft ms": r.latency.ttftMs,
+    "decode tok/s": r.latency.decodeMs > 0 && r.outputTokens > 1 ? ((r.outputTokens - 1) * 1000) / r.latency.decodeMs : 0,
+    "turn ms": r.latency.totalMs,
+  });
+  const avg = (rs) => ({ ...rs[0], ...Object.fromEntries(["ttft ms", "decode tok/s", "turn ms"].map((k) => [k, mean(rs.map((x) => x[k]))])) });
+  const rag = await RAGSystem.open({ model, dataDir: data, config, openStore: (o) => MemoryStore.open(o) });
+  await rag.chat(query, { userId: first.userId, sessionId: `c${n++}`, maxNewTokens: 1 });
+  const ragRuns = [];
+  for (let k = 0; k < REPS; k++) {
+    const r = await rag.chat(query, { userId: first.userId, sessionId: `c${n++}`, maxNewTokens: NEW_TOKENS });
+    ragRuns.push(row("RAG", "-", r, r.metadata.contextTokens, r.memoriesUsed.map((m) => m.id)));
+  }
+  await rag.close();
+  convRows.push(avg(ragRuns));
+  const dki = await DKISystem.open({ model, dataDir: data, cacheDir, config, openStore: (o) => MemoryStore.open(o) });
+  const dkiRow = async (tier) => {
+    const r = await dki.chat(query, { userId: first.userId, sessionId: `c${n++}`, maxNewTokens: NEW_TOKENS, forceAlpha: 1 });
+    return row("DKI", tier, r, r.memoriesUsed.reduce((a, m) => a + m.tokens, 0), r.memoriesUsed.map((m) => m.id));
+  };
+  convRows.push(await dkiRow("cold (L4)"));
+  const warm = [];
+  for (let k = 0; k < REPS; k++) warm.push(await dkiRow("L1"));
+  convRows.push(avg(warm));
+  await dki.close();
+  model.dispose();
+  rmSync(data, { recursive: true, force: true });
+  rmSync(cacheDir, { recursive: true, force: true });
+  writeResults("dki-vs-rag-conversation-cpu", {
+    machine: machine(native()),
+    columns: ["system", "tier", "memories reaching the model", "memory tokens reaching the model", "prompt tokens", "ttft ms", "decode tok/s", "turn ms"],
+    rows: convRows,
+    notes: [
+      `${format} file ${conversation.split("/").pop()}: user ${first.userId}, ${first.turns.length} turns imported as memories; query: its last turn ("${query.slice(0, 80)}${query.length > 80 ? "…" : ""}"); maxMemories ${maxMemories} for both systems; ${preset} shape, random F16 weights; mean of ${REPS} turns (DKI cold: 1).`,
+      "The machine (2 cores) was shared with other engineers' builds and tests while this ran.",
+    ],
+  });
+}

@@ -4,9 +4,9 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js" };
+const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js", "dki-vs-rag": "dki-vs-rag.js" };
 // The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh).
-const defaults = ["engine", "injection", "cache", "cache-burst", "peak-rss", "memory", "dki-chat"];
+const defaults = ["engine", "injection", "cache", "cache-burst", "peak-rss", "memory", "dki-chat", "dki-vs-rag"];
 const args = process.argv.slice(2);
 const names = args.filter((a) => !a.startsWith("--"));
 const flags = args.filter((a) => a.startsWith("--"));
