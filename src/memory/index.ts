@@ -1,6 +1,6 @@
 // The memory layer's public pieces: the store, its types and errors, and the retrieval building
 // blocks (retrieval/) a knowledge base can reuse for its own scopes.
-export { MemoryStore, erasedUserId, SCHEMA_VERSION, type MemoryStoreOptions, type MemorySearchOptions, type MemoryStoreStats, type EraseResult, type UserCache } from "./memory-store.js";
+export { MemoryStore, erasedUserId, SCHEMA_VERSION, type MemoryStoreOptions, type MemoryStoreStats, type EraseResult, type UserCache } from "./memory-store.js";
 export { MemoryNotFoundError, MemoryStoreError, ImportFormatError } from "./errors.js";
 export { parseConversations, type ImportFormat, type ImportResult, type ImportedConversation, type ImportedTurn } from "./import.js";
 export { Bm25Index, type Bm25Options, type ScoredId } from "./retrieval/bm25.js";

@@ -84,14 +84,6 @@ export interface MemoryStoreOptions {
   durability?: "flush" | "commit";
 }
 
-/** SearchOptions plus this implementation's retrieval knobs. */
-export interface MemorySearchOptions extends SearchOptions {
-  fusion?: Fusion;
-  /** Recency half-life in ms (default 30 days). */
-  halfLifeMs?: number;
-  /** The time recency is measured at (default now): fixed, it makes results reproducible. */
-  now?: number;
-}
 
 export interface MemoryStoreStats {
   schemaVersion: number;
@@ -169,7 +161,7 @@ export class MemoryStore implements MemoryStoreApi {
   private closed = false;
   private readonly index: ScopedHybridIndex;
 
-  readonly memories: MemoryStoreApi["memories"] & { search(query: string, opts: MemorySearchOptions): Promise<SearchResult[]> };
+  readonly memories: MemoryStoreApi["memories"];
   readonly preferences: MemoryStoreApi["preferences"];
   readonly conversations: MemoryStoreApi["conversations"];
   readonly audit: MemoryStoreApi["audit"];
@@ -381,7 +373,7 @@ export class MemoryStore implements MemoryStoreApi {
     });
   }
 
-  private async search(query: string, opts: MemorySearchOptions): Promise<SearchResult[]> {
+  private async search(query: string, opts: SearchOptions): Promise<SearchResult[]> {
     this.checkOpen();
     checkText("query", query, this.maxTextChars);
     const userId = checkId("userId", opts?.userId);

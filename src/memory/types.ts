@@ -1,6 +1,7 @@
 // The memory layer's public types: the contract the DKI system and the RAG baseline build on.
 // Scope (userId, sessionId) always comes from the API's own arguments, never from metadata:
 // a caller's metadata cannot move a record to another user (mem0's known failure, designed out).
+import type { Fusion } from "./retrieval/fusion.js";
 
 /** JSON-serialisable metadata a caller attaches to a record. */
 export type Metadata = { [key: string]: JsonValue };
@@ -63,7 +64,11 @@ export interface AuditEntry {
   metadata: Metadata;
 }
 
-/** Per-signal scores of one search result, each in [0, 1] (0 when the signal did not find it). */
+/**
+ * Per-signal scores of one search result, each in [0, 1]: cosine similarity (negative counts as
+ * 0), BM25 divided by the best BM25 score among the candidates, and recency (1 now, ½ after the
+ * half-life). Every candidate gets all three, whichever index surfaced it.
+ */
 export interface SearchSignals {
   dense: number;
   bm25: number;
@@ -89,6 +94,12 @@ export interface SearchOptions {
   limit?: number; // default 5
   filter?: Filter;
   minScore?: number;
+  /** How the signals combine (default: the store's, RRF k 60 over dense and BM25). */
+  fusion?: Fusion;
+  /** Recency half-life in ms (default 30 days). */
+  halfLifeMs?: number;
+  /** The time recency is measured at (default now): fixed, it makes results reproducible. */
+  now?: number;
 }
 
 export interface AddMemoryOptions {
