@@ -1,5 +1,5 @@
-// User isolation, as a property test: 200 users, random memories (the same texts under several
-// users included) and a random mix of operations, checked after every step against a model of who
+// User isolation, as a property test: 200 users, random memories and preferences (the same texts
+// under several users included) and a random mix of operations, checked after every step against a model of who
 // owns what. No operation of one user ever returns or touches another's records; erasing a user
 // removes everything of it (store, index files, K/V cache tiers) and changes nothing of the others.
 import { existsSync } from "node:fs";
@@ -36,6 +36,7 @@ test(`no operation of one user touches another's records (${USERS} users, ${STEP
   const owned = new Map<string, Map<string, string>>(users.map((u) => [u, new Map()]));
   const allIds = () => [...owned.values()].flatMap((m) => [...m.keys()]);
   const ownerOf = (id: string) => users.find((u) => owned.get(u)!.has(id));
+  const prefs = new Map<string, string>(); // preference id → owner
 
   const dir = tempDir();
   // hnswFrom 3: users with 3+ memories get HNSW indexes (with files), smaller ones are scanned, so
@@ -68,10 +69,30 @@ test(`no operation of one user touches another's records (${USERS} users, ${STEP
         u,
         results.map((x) => x.memory),
       );
-    } else if (r < 0.7) {
+    } else if (r < 0.65) {
       const all = await store.memories.getAll({ userId: u });
       expectOwn(u, all);
       expect(all.map((m) => m.id).sort()).toEqual([...mine.keys()].sort());
+    } else if (r < 0.75) {
+      // Preferences: add one, or touch one of this user's or anyone's.
+      const prefIds = [...prefs].filter(([, owner]) => owner === u).map(([id]) => id);
+      if (rand() < 0.4 || prefs.size === 0) {
+        const p = await store.preferences.add(pick(shared), { userId: u, type: "style", priority: Math.floor(rand() * 5) });
+        expect(p.userId).toBe(u);
+        prefs.set(p.id, u);
+      } else {
+        const id = rand() < 0.5 && prefIds.length > 0 ? pick(prefIds) : pick([...prefs.keys()]);
+        const owner = prefs.get(id)!;
+        const op = pick(["update", "delete"] as const);
+        const attempt = op === "update" ? store.preferences.update(id, { priority: 9 }, { userId: u }) : store.preferences.delete(id, { userId: u });
+        if (owner !== u) await expect(attempt).rejects.toBeInstanceOf(MemoryNotFoundError);
+        else {
+          await attempt;
+          if (op === "delete") prefs.delete(id);
+        }
+      }
+      const listed = await store.preferences.list({ userId: u, includeInactive: true });
+      expect(listed.map((p) => p.id).sort()).toEqual([...prefs].filter(([, owner]) => owner === u).map(([id]) => id).sort());
     } else {
       // get, update, delete or history with an id of this user or of anyone else.
       const id = rand() < 0.5 ? pick([...mine.keys()]) : pick(allIds());
@@ -112,7 +133,7 @@ test(`no operation of one user touches another's records (${USERS} users, ${STEP
   const snapshot = async () => {
     const out: string[] = [];
     for (const u of others) {
-      out.push(JSON.stringify(await store.memories.getAll({ userId: u })));
+      out.push(JSON.stringify(await store.memories.getAll({ userId: u })), JSON.stringify(await store.preferences.list({ userId: u, includeInactive: true })));
       for (const q of queries) out.push(JSON.stringify(await store.memories.search(q, { userId: u, limit: 10, now })));
     }
     return out;
@@ -139,7 +160,8 @@ test(`no operation of one user touches another's records (${USERS} users, ${STEP
   expect(existsSync(`${victimIndex}.hnsw`)).toBe(true);
 
   const erased = await store.eraseUser(victim, { cache });
-  expect(erased).toMatchObject({ memories: owned.get(victim)!.size, preferences: 1, turns: 2, cacheCleared: true });
+  const victimPrefs = [...prefs.values()].filter((owner) => owner === victim).length;
+  expect(erased).toMatchObject({ memories: owned.get(victim)!.size, preferences: victimPrefs + 1, turns: 2, cacheCleared: true });
   expect(tiersOf(victim)).toEqual([]);
   expect(tiersOf(others[0]).length).toBeGreaterThanOrEqual(4);
   expect(tiersOf(others[1]).length).toBeGreaterThanOrEqual(4);
@@ -171,7 +193,7 @@ test(`no operation of one user touches another's records (${USERS} users, ${STEP
     await nothingLeft(reopened);
     const after: string[] = [];
     for (const u of others) {
-      after.push(JSON.stringify(await reopened.memories.getAll({ userId: u })));
+      after.push(JSON.stringify(await reopened.memories.getAll({ userId: u })), JSON.stringify(await reopened.preferences.list({ userId: u, includeInactive: true })));
       for (const q of queries) after.push(JSON.stringify(await reopened.memories.search(q, { userId: u, limit: 10, now })));
     }
     expect(after).toEqual(before);
