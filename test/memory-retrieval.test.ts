@@ -124,6 +124,28 @@ describe("retrieval pieces", () => {
     expect(() => VectorIndex.load(base, dim, "0".repeat(64))).toThrow(/do not match the checksum/);
   });
 
+  it("keeps at most maxLoadedIndexes users loaded, saving a changed one before unloading it", async () => {
+    const dir = tempDir();
+    for (const hnswFrom of [0, 1000]) {
+      const reports: unknown[] = [];
+      const store = await MemoryStore.open({ dir: `${dir}/${hnswFrom}`, durability: "commit", hnswFrom, maxLoadedIndexes: 2, indexFlushDelayMs: 60_000, onRebuild: (r) => reports.push(r) });
+      try {
+        for (let round = 0; round < 3; round++) {
+          for (let u = 0; u < 5; u++) await store.memories.add(`user ${u} note ${round}: the ${["red", "green", "blue"][round]} kite`, { userId: `u${u}` });
+        }
+        expect(store.stats().indexesLoaded).toBe(2);
+        for (let u = 0; u < 5; u++) {
+          const hits = await store.memories.search("green kite", { userId: `u${u}`, limit: 1 });
+          expect(hits[0].memory.text).toBe(`user ${u} note 1: the green kite`);
+        }
+        expect(store.stats().indexesLoaded).toBe(2);
+        expect(reports).toEqual([]); // unloaded HNSW indexes were saved, so they load without a rebuild
+      } finally {
+        await store.close();
+      }
+    }
+  });
+
   it("moves a user from the exact scan to HNSW when it grows, without a rebuild on reopen", async () => {
     const dir = tempDir();
     let store = await MemoryStore.open({ dir, durability: "commit", hnswFrom: 20 });

@@ -73,6 +73,8 @@ export interface MemoryStoreOptions {
   fusion?: Fusion;
   /** A user's memories at which its dense index moves from an exact scan to HNSW (default 1000; 0: HNSW always). */
   hnswFrom?: number;
+  /** Users whose indexes stay loaded in memory (default 4096; the least recently used are unloaded beyond). */
+  maxLoadedIndexes?: number;
   /** Delay before changed index files are saved (default 1000 ms; close() saves at once). */
   indexFlushDelayMs?: number;
   /**
@@ -193,6 +195,7 @@ export class MemoryStore implements MemoryStoreApi {
       dim: embedder.dim,
       flushDelayMs: options.indexFlushDelayMs,
       hnswFrom: options.hnswFrom,
+      maxLoadedScopes: options.maxLoadedIndexes,
       onRebuild: options.onRebuild,
       source: {
         generation: (userId) => this.db.users.get(userId)?.generation ?? 0,
@@ -242,6 +245,7 @@ export class MemoryStore implements MemoryStoreApi {
     const dir = resolve(options.dir);
     const maxTextChars = checkInteger("maxTextChars", options.maxTextChars ?? DEFAULT_MAX_TEXT_CHARS, 1, 10_000_000);
     if (options.hnswFrom !== undefined) checkInteger("hnswFrom", options.hnswFrom, 0, Number.MAX_SAFE_INTEGER);
+    if (options.maxLoadedIndexes !== undefined) checkInteger("maxLoadedIndexes", options.maxLoadedIndexes, 1, Number.MAX_SAFE_INTEGER);
     if (options.durability !== undefined && options.durability !== "flush" && options.durability !== "commit") throw new DkiArgumentError(`MemoryStore.open: durability must be "flush" or "commit", got ${JSON.stringify(options.durability)}`);
     if (options.fusion !== undefined) {
       try {

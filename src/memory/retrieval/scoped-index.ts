@@ -82,6 +82,11 @@ export interface ScopedHybridIndexOptions {
   hnsw?: VectorIndexOptions;
   /** Size at which a scope moves from an exact scan to HNSW (default 1000; 0: HNSW always). */
   hnswFrom?: number;
+  /**
+   * Scopes kept loaded in memory (default 4096), the least recently used unloaded beyond that
+   * (saved first if changed): a small scope reloads from the owner, a large one from its files.
+   */
+  maxLoadedScopes?: number;
   /** Delay between a write and the saving of the index files (default 1000 ms). */
   flushDelayMs?: number;
   onRebuild?: (report: RebuildReport) => void;
@@ -279,10 +284,26 @@ export class ScopedHybridIndex {
   private scopeOf(scope: string): Scope {
     if (this.closed) throw new Error("the index is closed");
     const cached = this.scopes.get(scope);
-    if (cached !== undefined) return cached;
+    if (cached !== undefined) {
+      // Map order is the recency order: the least recently used scope comes first.
+      this.scopes.delete(scope);
+      this.scopes.set(scope, cached);
+      return cached;
+    }
     const s = this.load(scope);
     this.scopes.set(scope, s);
+    this.unloadBeyondLimit();
     return s;
+  }
+
+  private unloadBeyondLimit(): void {
+    const max = this.options.maxLoadedScopes ?? 4096;
+    if (this.scopes.size <= max) return;
+    if ([...this.scopes.values()].some((s) => s.dirty)) this.flush();
+    for (const scope of this.scopes.keys()) {
+      if (this.scopes.size <= max) break;
+      this.scopes.delete(scope);
+    }
   }
 
   private load(scope: string): Scope {
