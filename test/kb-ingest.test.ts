@@ -154,10 +154,14 @@ describe("ingestion", () => {
     expect(state("docs")).toBe(snapshot);
     const before = (await kb.search("vegetarian cafe Chaoyang", { collection: "docs", limit: 3 })).map((r) => r.chunk.id);
     expect(kb.indexRebuilds).toEqual([]);
-    // The collection's index files gone: rebuilt from the chunks, reported, same results.
+    // With HNSW from the first chunk (small collections are otherwise scanned, with no files), the
+    // index is saved; its files gone, it is rebuilt from the chunks, reported, with the same results.
+    await kb.close();
+    kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok, hnswFrom: 0 });
+    expect((await kb.search("vegetarian cafe Chaoyang", { collection: "docs", limit: 3 })).map((r) => r.chunk.id)).toEqual(before);
     await kb.close();
     rmSync(join(dir, "index"), { recursive: true, force: true });
-    kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok });
+    kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok, hnswFrom: 0 });
     expect((await kb.search("vegetarian cafe Chaoyang", { collection: "docs", limit: 3 })).map((r) => r.chunk.id)).toEqual(before);
     expect(kb.indexRebuilds.map((r) => r.scope)).toEqual(["docs"]);
     expect(["missing", "corrupt"]).toContain(kb.indexRebuilds[0].reason);

@@ -142,6 +142,12 @@ describe("RAGSystem", () => {
     expect(again.latency.kvLoadMs.L1).toBeGreaterThanOrEqual(0);
     const audit = await rag.store.audit.list({ userId: "alice", action: "rag_generate" });
     expect(audit.at(-1)!.metadata).toMatchObject({ kbMode: "kv", collection: "handbook" });
+    // Multi-query and HyDE with this system's own model: the original query searches first, and
+    // whatever the (random-weight) model wrote is searched too without breaking the turn.
+    const expanded = await rag.chat("How many vacation days do I get?", { userId: "alice", sessionId: "kb4", maxNewTokens: 2, collection: "handbook", useMemories: false, kbMultiQuery: 2, kbHyde: true });
+    expect(expanded.metadata.kbQueries[0]).toBe("How many vacation days do I get?");
+    expect(expanded.metadata.kbQueries.length).toBeLessThanOrEqual(3);
+    expect(expanded.sources.length).toBeGreaterThan(0);
     await rag.close();
   });
 

@@ -30,8 +30,10 @@ export interface KnowledgeBaseOptions {
   maxDocumentBytes?: number;
   /** A document that would make more chunks than this is refused. Default 20 000. */
   maxChunksPerDocument?: number;
-  /** Told of every rebuild of a collection's index (it is never silent: also in `rebuilds`). */
+  /** Told of every rebuild of a collection's index (it is never silent: also in `indexRebuilds`). */
   onIndexRebuild?: (report: RebuildReport) => void;
+  /** Collections with fewer chunks are searched exactly by a scan, larger ones by HNSW (default: the memory layer's, 1000). */
+  hnswFrom?: number;
 }
 
 /** The fields of a document that filters can name (beside docId, title, docType). */
@@ -192,11 +194,13 @@ export class KnowledgeBase {
     private readonly maxChunks: number,
     dir: string,
     onRebuild: ((r: RebuildReport) => void) | undefined,
+    hnswFrom: number | undefined,
   ) {
     this.index = new ScopedHybridIndex({
       dir: resolve(dir, "index"),
       dim: embedder.dim,
       onRebuild,
+      ...(hnswFrom !== undefined ? { hnswFrom } : {}),
       source: {
         generation: (c) => this.scopes.get(c)?.generation ?? 0,
         savedIndex: (c) => this.scopes.get(c)?.saved,
@@ -254,6 +258,7 @@ export class KnowledgeBase {
       maxChunks,
       o.dir,
       o.onIndexRebuild,
+      o.hnswFrom,
     );
   }
 
