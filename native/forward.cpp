@@ -180,18 +180,7 @@ void Context::check_segments() const {
   for (size_t i = 0; i < segments_.size(); i++) {
     const Segment& s = segments_[i];
     const KVBlock& b = *s.block;
-    float vmax = b.value_abs_max.v.load(std::memory_order_acquire);
-    if (vmax < 0) {
-      // Keys enter as +inf when any is not finite: the segment is refused either way.
-      if (b.on_host()) {
-        vmax = std::max(abs_max(b.k.data(), b.k.size()) == INFINITY ? INFINITY : 0.f, abs_max(b.v.data(), b.v.size()));
-      } else {
-#ifdef DKI_CUDA
-        vmax = std::max(cuda_block_abs_max(b, true) == INFINITY ? INFINITY : 0.f, cuda_block_abs_max(b, false));
-#endif
-      }
-      b.value_abs_max.v.store(vmax, std::memory_order_release);
-    }
+    const float vmax = known_value_abs_max(b);
     const std::string which = "injected segment " + std::to_string(i) + " (" + std::to_string(b.n_tokens) + " tokens)";
     if (vmax == INFINITY) {
       std::string where;

@@ -121,16 +121,42 @@ BlockPtr scale_values(const KVBlock& b, float alpha) {
   return out;
 }
 
+float known_value_abs_max(const KVBlock& b) {
+  float m = b.value_abs_max.v.load(std::memory_order_acquire);
+  if (m >= 0) return m;
+  // A key that is not finite makes the block unusable as a whole: it enters as +inf.
+  if (b.on_host()) {
+    m = std::max(abs_max(b.k.data(), b.k.size()) == INFINITY ? INFINITY : 0.f, abs_max(b.v.data(), b.v.size()));
+  } else {
+#ifdef DKI_CUDA
+    m = std::max(cuda_block_abs_max(b, true) == INFINITY ? INFINITY : 0.f, cuda_block_abs_max(b, false));
+#else
+    throw Error("internal: a K/V block with no tensors in host memory in a build without CUDA");
+#endif
+  }
+  b.value_abs_max.v.store(m, std::memory_order_release);
+  return m;
+}
+
 BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved) {
   if (int(inv_freq.size()) * 2 != b.head_dim) throw Error("block head_dim does not match the model");
   if (new_start < -kMaxPosition || new_start > kMaxPosition)
     throw Error("remap: start position " + std::to_string(new_start) + " is outside ±" + std::to_string(kMaxPosition));
+  // A remap moves keys and copies values: the copy's largest value is the source's. Known on the
+  // source (scanned once), a block remapped afresh for every call (a GPU injection) is not
+  // scanned again each time it is injected.
+  const float vmax = known_value_abs_max(b);
+  BlockPtr out;
 #ifdef DKI_CUDA
-  if (b.device) return cuda_remap_positions(b, new_start, inv_freq, interleaved);
+  if (b.device) out = cuda_remap_positions(b, new_start, inv_freq, interleaved);
 #endif
-  auto out = host_copy(b, "remap");
-  rotate_keys(*out, new_start - b.start_pos, inv_freq, interleaved);
-  out->start_pos = new_start;
+  if (!out) {
+    auto host = host_copy(b, "remap");
+    rotate_keys(*host, new_start - b.start_pos, inv_freq, interleaved);
+    host->start_pos = new_start;
+    out = host;
+  }
+  out->value_abs_max.v.store(vmax, std::memory_order_release);
   return out;
 }
 

@@ -24,6 +24,11 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
 // Tokens [from, to) of a block.
 BlockPtr slice_block(const KVBlock& b, int from, int to);
 
+// The block's largest |value|, +inf when any key or value is NaN or ±inf: computed once (on its
+// GPU for a device block) and kept in the block, since blocks never change. What injection checks
+// an α against (Context::check_segments).
+float known_value_abs_max(const KVBlock& b);
+
 // A block's start position stays within ±kMaxPosition (remap refuses others, deserialize too), so
 // a start plus any token count, or the difference of two starts, fits an int.
 constexpr int kMaxPosition = 1 << 29;
