@@ -167,6 +167,9 @@ describe("MemoryStore bad input", () => {
     await expect(store.memories.delete(m.id, { userId: "bob" })).rejects.toBeInstanceOf(MemoryNotFoundError);
     expect(await store.memories.history(m.id, { userId: "bob" })).toEqual([]);
     expect((await store.memories.get(m.id, { userId: "alice" }))?.text).toBe("secret of alice");
+    // An id no record can have is bad input, not a lookup (LMDB keys are bounded).
+    await expect(store.memories.get("x".repeat(5000), { userId: "alice" })).rejects.toThrow(/id is 5000 characters long; at most 256/);
+    await expect(store.preferences.delete(42 as never, { userId: "alice" })).rejects.toThrow(/id must be a non-empty string, got 42/);
   });
 
   it("refuses a second opener of the same folder, in this process and in another", async () => {

@@ -416,7 +416,7 @@ export class MemoryStore implements MemoryStoreApi {
   private getMemory(id: string, scope: { userId: string }): Memory | undefined {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
-    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    checkId("id", id);
     return this.db.memories.get([userId, id]);
   }
 
@@ -478,7 +478,7 @@ export class MemoryStore implements MemoryStoreApi {
   private memoryHistory(id: string, scope: { userId: string }): AuditEntry[] {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
-    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    checkId("id", id);
     const out: AuditEntry[] = [];
     for (const { value: auditId } of this.db.history.getRange(prefixRange([userId, id]))) {
       const entry = this.db.audit.get([userId, auditId]);
@@ -488,7 +488,7 @@ export class MemoryStore implements MemoryStoreApi {
   }
 
   private mustGetMemory(id: string, userId: string): Memory {
-    if (typeof id !== "string" || id === "") throw new DkiArgumentError(`id must be a non-empty string, got ${typeof id}`);
+    checkId("id", id);
     const m = this.db.memories.get([userId, id]);
     if (m === undefined) throw new MemoryNotFoundError("memory", id, userId);
     return m;
@@ -505,7 +505,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.env.transactionSync(() => {
       this.ensureUser(userId, now);
       this.db.prefs.putSync([userId, pref.id], pref);
-      this.writeAudit({ action: "preference_add", userId, memoryIds: [pref.id], metadata: {} }, now);
+      this.writeAudit({ action: "preference_add", userId, memoryIds: [pref.id], metadata: {} }, now, false);
     });
     return pref;
   }
@@ -521,18 +521,19 @@ export class MemoryStore implements MemoryStoreApi {
   private updatePreference(id: string, patch: Partial<Pick<Preference, "text" | "type" | "priority" | "category" | "active">>, scope: { userId: string }): Preference {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
+    checkId("id", id);
     if (typeof patch !== "object" || patch === null) throw new DkiArgumentError("preferences.update: patch must be an object");
     const unknown = Object.keys(patch).filter((k) => !["text", "type", "priority", "category", "active"].includes(k));
     if (unknown.length > 0) throw new DkiArgumentError(`preferences.update: unknown field(s) ${unknown.join(", ")} (text, type, priority, category and active can change)`);
     const now = Date.now();
     return this.env.transactionSync(() => {
       const before = this.db.prefs.get([userId, id]);
-      if (before === undefined) throw new MemoryNotFoundError("preference", String(id), userId);
+      if (before === undefined) throw new MemoryNotFoundError("preference", id, userId);
       const merged = this.checkPreferenceFields({ ...before, ...patch });
       const after: Preference = { ...before, ...merged, updatedAt: now };
       if (merged.category === undefined) delete after.category;
       this.db.prefs.putSync([userId, id], after);
-      this.writeAudit({ action: "preference_update", userId, memoryIds: [id], metadata: {} }, now);
+      this.writeAudit({ action: "preference_update", userId, memoryIds: [id], metadata: {} }, now, false);
       return after;
     });
   }
@@ -540,11 +541,12 @@ export class MemoryStore implements MemoryStoreApi {
   private deletePreference(id: string, scope: { userId: string }): void {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
+    checkId("id", id);
     const now = Date.now();
     this.env.transactionSync(() => {
-      if (this.db.prefs.get([userId, id]) === undefined) throw new MemoryNotFoundError("preference", String(id), userId);
+      if (this.db.prefs.get([userId, id]) === undefined) throw new MemoryNotFoundError("preference", id, userId);
       this.db.prefs.removeSync([userId, id]);
-      this.writeAudit({ action: "preference_delete", userId, memoryIds: [id], metadata: {} }, now);
+      this.writeAudit({ action: "preference_delete", userId, memoryIds: [id], metadata: {} }, now, false);
     });
   }
 
