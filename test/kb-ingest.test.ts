@@ -133,11 +133,12 @@ describe("ingestion", () => {
     expect(state("docs")).toBe(before);
   });
 
-  test("metadata filters select documents with eq, in, and, or (array fields match an element)", () => {
+  test("metadata filters select documents with eq, in, and, or (values compare as JSON, as the memory store's)", () => {
     const sel = (f: Parameters<KnowledgeBase["selectDocuments"]>[1]) => [...kb.selectDocuments("docs", f)!].map((d) => d.split("/").pop()).sort();
     expect(sel({ eq: { category: "food" } })).toEqual(["cafes"]);
     expect(sel({ in: { category: ["food", "finance"] } })).toEqual(["cafes", "report.pdf"]);
-    expect(sel({ and: [{ eq: { docType: "markdown" } }, { eq: { tags: "cli" } }] })).toEqual(["guide.md"]);
+    expect(sel({ and: [{ eq: { docType: "markdown" } }, { eq: { tags: ["setup", "cli"] } }] })).toEqual(["guide.md"]);
+    expect(sel({ eq: { tags: "cli" } })).toEqual([]);
     expect(sel({ or: [{ eq: { sessionId: "s1" } }, { eq: { chapter: 1 } }] })).toEqual(["guide.md", "report.pdf"]);
     expect(sel({ eq: { category: "nothing" } })).toEqual([]);
   });
