@@ -57,6 +57,31 @@ describe("MemoryStore API", () => {
     expect(JSON.stringify(history[2])).not.toContain("oolong");
   });
 
+  it("finds, lists and erases the records of long and non-ASCII user ids, and only theirs", async () => {
+    const store = await openStore(tempDir());
+    // Up to the 256-byte limit, across the lengths where LMDB's key encoding changes (63 bytes).
+    const ids = ["x".repeat(62), "x".repeat(63), "x".repeat(256), "é".repeat(40), "中".repeat(85), "😀".repeat(64), "用户"];
+    const users = ids.flatMap((id) => (Buffer.byteLength(`${id}y`) <= 256 ? [id, `${id}y`] : [id]));
+    for (const u of users) {
+      await store.memories.add(`memory of ${u.length}`, { userId: u, sessionId: u });
+      await store.preferences.add("pref", { userId: u, type: "t" });
+      await store.conversations.recordTurn({ userId: u, sessionId: u, query: "q", response: "r", injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "none_generate" });
+    }
+    for (const u of users) {
+      expect((await store.memories.getAll({ userId: u })).map((m) => m.userId)).toEqual([u]);
+      expect(await store.memories.getAll({ userId: u, sessionId: u })).toHaveLength(1);
+      expect(await store.preferences.list({ userId: u })).toHaveLength(1);
+      expect(await store.conversations.list({ userId: u, sessionId: u })).toHaveLength(2);
+      expect((await store.audit.list({ userId: u })).length).toBeGreaterThan(0);
+    }
+    for (const u of ids) {
+      expect(await store.eraseUser(u)).toMatchObject({ memories: 1, preferences: 1, turns: 2 });
+      expect(await store.memories.getAll({ userId: u })).toEqual([]);
+      expect(await store.audit.list({ userId: u })).toEqual([]);
+    }
+    for (const u of users.filter((x) => !ids.includes(x))) expect(await store.memories.getAll({ userId: u })).toHaveLength(1);
+  });
+
   it("adds a message list as one memory per message, role in metadata, scope never taken from metadata", async () => {
     const store = await openStore(tempDir());
     const added = await store.memories.add(
@@ -168,7 +193,12 @@ describe("MemoryStore bad input", () => {
     expect(await store.memories.history(m.id, { userId: "bob" })).toEqual([]);
     expect((await store.memories.get(m.id, { userId: "alice" }))?.text).toBe("secret of alice");
     // An id no record can have is bad input, not a lookup (LMDB keys are bounded).
-    await expect(store.memories.get("x".repeat(5000), { userId: "alice" })).rejects.toThrow(/id is 5000 characters long; at most 256/);
+    await expect(store.memories.get("x".repeat(5000), { userId: "alice" })).rejects.toThrow(/id is 5000 bytes long in UTF-8; at most 256/);
+    await expect(store.memories.add("hi", { userId: "😀".repeat(65) })).rejects.toThrow(/userId is 260 bytes long/);
+    // The longest ids make the longest keys: a turn's [user, session, turn].
+    const longest = "😀".repeat(64);
+    await store.conversations.recordTurn({ userId: longest, sessionId: longest, query: "q", response: "r", injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "none_generate" });
+    expect(await store.conversations.list({ userId: longest, sessionId: longest })).toHaveLength(2);
     await expect(store.preferences.delete(42 as never, { userId: "alice" })).rejects.toThrow(/id must be a non-empty string, got 42/);
   });
 

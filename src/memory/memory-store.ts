@@ -133,9 +133,15 @@ interface SchemaRecord {
 
 type Key = string[];
 
-/** A key range holding every key that starts with `prefix` (ids hold no control characters, see validate.ts). */
+/**
+ * A key range holding every key that starts with `prefix`. In LMDB's key encoding (ordered-binary)
+ * an array's elements are separated by a 0 byte, so [a, b, …] sorts just after [a] and before
+ * [a + "\u0001"] (ids hold no control characters, see validate.ts, so no id lies between). Not
+ * "\u0000": ordered-binary escapes it in short strings but writes it raw in strings of 63 bytes
+ * and more, where [a + "\u0000"] then sorts before [a, b] and the range came out empty.
+ */
 function prefixRange(prefix: Key): { start: Key; end: Key } {
-  return { start: prefix, end: [...prefix.slice(0, -1), `${prefix[prefix.length - 1]}\u0000`] };
+  return { start: prefix, end: [...prefix.slice(0, -1), `${prefix[prefix.length - 1]}\u0001`] };
 }
 
 let lastMs = 0;

@@ -3,17 +3,20 @@
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, JsonValue, Metadata, Role } from "./types.js";
 
-const MAX_ID_CHARS = 256;
+// In UTF-8 bytes: ids are parts of LMDB keys, which are bounded (1978 bytes here), and a key can
+// hold three of them (user, session, turn).
+const MAX_ID_BYTES = 256;
 const MAX_METADATA_BYTES = 64 * 1024;
 const MAX_DEPTH = 32;
 // Ids become parts of LMDB keys and appear in CLI output: no control characters (which would also
 // let one id be a prefix-with-separator of another).
 const CONTROL = /\p{Cc}/u;
 
-/** A user, session or record id: a non-empty string of at most 256 characters without control characters. */
+/** A user, session or record id: a non-empty string of at most 256 bytes (UTF-8) without control characters. */
 export function checkId(name: string, value: unknown): string {
   if (typeof value !== "string" || value === "") throw new DkiArgumentError(`${name} must be a non-empty string, got ${describe(value)}`);
-  if (value.length > MAX_ID_CHARS) throw new DkiArgumentError(`${name} is ${value.length} characters long; at most ${MAX_ID_CHARS} are allowed`);
+  const bytes = Buffer.byteLength(value, "utf8");
+  if (bytes > MAX_ID_BYTES) throw new DkiArgumentError(`${name} is ${bytes} bytes long in UTF-8; at most ${MAX_ID_BYTES} are allowed`);
   if (CONTROL.test(value)) throw new DkiArgumentError(`${name} ${JSON.stringify(value)} contains a control character`);
   return value;
 }
