@@ -48,12 +48,17 @@ describe("RAGSystem", () => {
     const rag = await RAGSystem.open({ model, dataDir: data, config, openStore });
     const r = await rag.chat(QUERY, { userId: "alice", sessionId: "s1", maxNewTokens: 4 });
     const routed = await routeMemories(rag.store, QUERY, { userId: "alice", limit: 3 });
+    const searched = await rag.searchMemories(QUERY, { userId: "alice" });
+    const stats = rag.stats();
     await rag.close();
     const dki = await DKISystem.open({ model, dataDir: data, cacheDir: tempDir(), config, openStore });
     const d = await dki.chat(QUERY, { userId: "alice", sessionId: "s2", maxNewTokens: 4, forceAlpha: 1 });
     await dki.close();
     expect(r.memoriesUsed).toHaveLength(3);
     expect(r.memoriesUsed.map((m) => m.id)).toEqual(routed.map((x) => x.memory.id));
+    expect(searched.map((x) => x.memory.id)).toEqual(routed.map((x) => x.memory.id));
+    expect(stats.turns).toBe(1);
+    expect(stats.meanLatency.ttftMs).toBe(r.latency.ttftMs);
     expect(d.memoriesUsed.map((m) => m.id)).toEqual(r.memoriesUsed.map((m) => m.id));
     expect(r.memoriesUsed.map((m) => m.text)).not.toContain("Bob collects stamps and hikes in Norway.");
     // RAG spends prompt tokens on them; DKI spends none.

@@ -139,6 +139,9 @@ export class RAGSystem {
   private readonly inFlight = new Set<Promise<unknown>>();
   private cache: TieredKVCache | null = null;
   private closed = false;
+  private turns = 0;
+  private failedTurns = 0;
+  private readonly latencySum = emptyLatency();
 
   private constructor(
     readonly model: Model,
@@ -171,13 +174,40 @@ export class RAGSystem {
     }
   }
 
+  /** The memories a turn for this query would use (seed 000 §7.3: retrieval only, nothing generated or recorded). */
+  async searchMemories(query: string, scope: { userId: string }): Promise<SearchResult[]> {
+    if (this.closed) throw new DkiArgumentError("this RAGSystem has been closed");
+    return routeMemories(this.store, query, { userId: scope?.userId, limit: this.config.maxMemories });
+  }
+
+  /** Turns answered and failed, and the mean latency of each stage over the answered ones (seed 000 §7.4). */
+  stats(): { turns: number; failedTurns: number; meanLatency: LatencyBreakdown } {
+    const mean = emptyLatency();
+    if (this.turns > 0) {
+      for (const k of Object.keys(mean) as (keyof LatencyBreakdown)[]) {
+        if (k === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) mean.kvLoadMs[t] = this.latencySum.kvLoadMs[t] / this.turns;
+        else mean[k] = this.latencySum[k] / this.turns;
+      }
+    }
+    return { turns: this.turns, failedTurns: this.failedTurns, meanLatency: mean };
+  }
+
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
     if (this.closed) throw new DkiArgumentError("this RAGSystem has been closed");
     const p = this.turn(query, opts);
     this.inFlight.add(p);
     try {
-      return await p;
+      const r = await p;
+      this.turns++;
+      for (const k of Object.keys(this.latencySum) as (keyof LatencyBreakdown)[]) {
+        if (k === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) this.latencySum.kvLoadMs[t] += r.latency.kvLoadMs[t];
+        else this.latencySum[k] += r.latency[k];
+      }
+      return r;
+    } catch (e) {
+      this.failedTurns++;
+      throw e;
     } finally {
       this.inFlight.delete(p);
     }
