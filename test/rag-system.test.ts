@@ -90,6 +90,11 @@ describe("RAGSystem", () => {
       { role: "assistant", content: r1.text },
     ]);
     expect(r2.promptInfo.finalPrompt).toContain(`Previous conversation:\nUser: ${QUERY}\nAI: ${r1.text}`);
+    // DKI's history switch applies to RAG too.
+    const noHistory = await RAGSystem.open({ model, dataDir: tempDir(), config: { historyEnabled: false }, openStore });
+    await noHistory.chat(QUERY, { userId: "alice", sessionId: "h", maxNewTokens: 1 });
+    expect((await noHistory.chat(QUERY, { userId: "alice", sessionId: "h", maxNewTokens: 1 })).promptInfo.historyMessages).toEqual([]);
+    await noHistory.close();
     const turns = await rag.store.conversations.list({ userId: "alice", sessionId: "trip" });
     expect(turns.map((t) => [t.role, t.content])).toEqual([
       ["user", QUERY],

@@ -238,7 +238,9 @@ export class RAGSystem {
 
     // Prompt: memories then (text mode) chunks as numbered blocks, history, query.
     t = performance.now();
-    const turns = await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages });
+    // The same history switch and length as DKI's config (the budget then decides what fits).
+    const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
+    const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
     const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
     const candidates: { text: string; source: ContextSource }[] = routed.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
     const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
