@@ -28,7 +28,7 @@ import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { terms as defaultTerms } from "../text-terms.js";
 import { Bm25Index, type Bm25Options } from "./bm25.js";
-import { DEFAULT_FUSION, fuse, recency, type Fusion, type Signals } from "./fusion.js";
+import { DEFAULT_FUSION, fuse, fusionWeights, recency, type Fusion, type Signals } from "./fusion.js";
 import { FlatIndex, type DenseIndex } from "./flat-index.js";
 import { IndexFileError, VectorIndex, type VectorIndexOptions } from "./vector-index.js";
 
@@ -148,10 +148,6 @@ export class ScopedHybridIndex {
     this.scopeOf(scope);
   }
 
-  isOpen(scope: string): boolean {
-    return this.scopes.has(scope);
-  }
-
   /** Adds or replaces documents after the owner committed them at `generation`. */
   put(scope: string, docs: readonly IndexedDocument[], generation: number): void {
     const s = this.scopeOf(scope);
@@ -193,7 +189,7 @@ export class ScopedHybridIndex {
   search(scope: string, query: HybridQuery, options: HybridSearchOptions): HybridHit[] {
     const s = this.scopeOf(scope);
     const fusion = options.fusion ?? DEFAULT_FUSION;
-    const w = { dense: 1, bm25: 1, ...fusion.weights };
+    const w = fusionWeights(fusion);
     const depth = options.depth ?? Math.max(4 * options.limit, 40);
     const dense = new Map<string, number>();
     if (w.dense > 0) for (const h of s.vectors.search(query.vector, depth, options.accept)) dense.set(h.id, h.similarity);
