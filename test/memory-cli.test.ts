@@ -1,12 +1,13 @@
 // `dki memory`, `dki pref` and `dki user erase` as a user runs them (node bin/dki.js, built by npm
 // test's tsc step).
 import { execFile } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { TieredKVCache } from "../src/cache/tiered-cache.js";
 import type { Model } from "../src/engine/model.js";
+import { MemoryStore } from "../src/memory/memory-store.js";
 import { tinyModel, tokensFrom } from "./support/cache.js";
 import { locomoSample } from "./support/conversation-samples.js";
 import { repoRoot, tempDir } from "./support/paths.js";
@@ -110,4 +111,17 @@ test("pref add/list/rm, memory import, user erase clearing the K/V cache beside 
   const summary = JSON.parse((await dki(["memory", "import", file, "--data", data, "--format", "locomo"])).stdout) as unknown;
   expect(summary).toEqual({ format: "locomo", users: [{ user_id: "conv-26", memories: 7 }], memories: 7 });
   expect(await fails(["user", "erase", "conv-26", "--data", data, "--cache", join(tempDir(), "nope")])).toMatch(/--cache .*nope: no such folder/);
+});
+
+test("an index rebuilt from the store is reported on stderr", async () => {
+  const data = join(tempDir(), "store");
+  // Written through the API with HNSW from the first memory, so the user has index files.
+  const store = await MemoryStore.open({ dir: data, hnswFrom: 0 });
+  for (let i = 0; i < 5; i++) await store.memories.add(`note ${i} about sailing`, { userId: "u" });
+  await store.close();
+  const index = join(data, "index");
+  for (const f of readdirSync(index)) if (f.endsWith(".hnsw")) writeFileSync(join(index, f), "damaged");
+  const { stdout, stderr } = await dki(["memory", "search", "note 3 sailing", "--data", data, "--user", "u"]);
+  expect(stderr).toMatch(/^dki: rebuilt the index of user "u" \(corrupt: .*\): 5 memories in \d+ ms\n$/);
+  expect(stdout).toMatch(/^\[1\] \S+ mem_\S+ {2}note 3 about sailing$/m);
 });
