@@ -71,5 +71,11 @@ it("refuses files of the wrong shape, naming the path inside the file, and write
   await expect(store.importConversations(file(longMemEvalSample()), { format: "locomo" })).rejects.toThrow(/\[0\]: no session_<n> keys/);
   await expect(store.importConversations(file("[{"))).rejects.toThrow(ImportFormatError);
   await expect(store.importConversations(join(tempDir(), "missing.json"))).rejects.toThrow(/cannot read it/);
+  // A sparse file: its size is what counts, and it is refused before being read.
+  const huge = join(tempDir(), "huge.json");
+  const { truncateSync } = await import("node:fs");
+  writeFileSync(huge, "");
+  truncateSync(huge, 600 * 2 ** 20);
+  await expect(store.importConversations(huge)).rejects.toThrow(/huge\.json: \$: 600 MiB; a file is parsed whole, and above 512 MiB/);
   expect(store.listUsers()).toEqual([]);
 });

@@ -14,11 +14,14 @@
 // The whole file is checked before anything is written, and a shape error names the path inside
 // the file ("[3].conversation.session_2[5].text"). Users that already exist are refused, so an
 // import is never doubled; each user's memories are written in one transaction.
-import { readFile } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import { ImportFormatError } from "./errors.js";
 import type { Metadata } from "./types.js";
 
 export type ImportFormat = "locomo" | "longmemeval" | "auto";
+
+// V8's longest string is 2^29 - 24 UTF-16 units; a file read whole must decode into one.
+const MAX_FILE_BYTES = 512 * 2 ** 20;
 
 export interface ImportResult {
   format: "locomo" | "longmemeval";
@@ -50,8 +53,13 @@ export interface ImportTarget {
 export async function parseConversations(file: string, format: ImportFormat = "auto"): Promise<{ format: "locomo" | "longmemeval"; conversations: ImportedConversation[] }> {
   let data: unknown;
   try {
+    const size = (await stat(file)).size;
+    if (size > MAX_FILE_BYTES) {
+      throw new ImportFormatError(file, "$", `${(size / 2 ** 20).toFixed(0)} MiB; a file is parsed whole, and above ${MAX_FILE_BYTES / 2 ** 20} MiB its text would not fit in one JavaScript string (split it, e.g. LongMemEval-M by question)`);
+    }
     data = JSON.parse(await readFile(file, "utf8"));
   } catch (e) {
+    if (e instanceof ImportFormatError) throw e;
     if (e instanceof SyntaxError) throw new ImportFormatError(file, "$", `not JSON: ${e.message}`);
     throw new ImportFormatError(file, "$", `cannot read it: ${(e as Error).message}`);
   }
