@@ -91,6 +91,19 @@ describe("ingestion", () => {
     expect(new Set(kb.snapshot("policy").chunks.filter((c) => c.docId === "dup").map((c) => c.text)).size).toBe(dup.chunks);
   });
 
+  test("concurrent ingestions of one document leave one whole version and no orphan chunks", async () => {
+    const versions = Array.from({ length: 6 }, (_, v) => `Version ${v} of the travel policy. ` + `Clause ${v}: trains under four hours. `.repeat(20 + v));
+    const results = await Promise.all(versions.map((text) => kb.ingestText(text, { collection: "race", docId: "policy", chunk: { chunkTokens: 32, overlapTokens: 4 } })));
+    expect(results.filter((r) => r.status === "added")).toHaveLength(1);
+    const doc = kb.getDocument("race", "policy")!;
+    const snap = kb.snapshot("race");
+    expect(snap.chunks.map((c) => c.id).sort()).toEqual([...doc.chunkIds].sort());
+    const winner = versions.find((v) => snap.chunks.some((c) => c.text.startsWith(v.slice(0, 12))))!;
+    for (const c of snap.chunks) expect(winner.includes(c.text)).toBe(true);
+    const hits = await kb.search("travel policy trains", { collection: "race", limit: 50 });
+    for (const h of hits) expect(doc.chunkIds).toContain(h.chunk.id);
+  });
+
   test("a failure while re-ingesting (here: the embedder) leaves the old version whole", async () => {
     const failing: Embedder = { id: embedder.id, dim: embedder.dim, embed: async () => { throw new Error("embedding service down"); } };
     const dir2 = tempDir();

@@ -426,7 +426,7 @@ export class KnowledgeBase {
     // commit and apply in one synchronous run, so no search can see the index out of step.
     this.index.open(o.collection);
     const indexed: IndexedDocument[] = unique.map((p, i) => ({ id: ids[i], text: p.text, at: Number(fields.createdAt), vector: vectors[i] }));
-    const { generation, dropped } = this.root.transactionSync(() => {
+    const { generation, dropped, replaced } = this.root.transactionSync(() => {
       // Read again inside the transaction: another ingestion may have changed the document since.
       const current = this.documents.get(docKey(o.collection, o.docId));
       const dropped = (current?.chunkIds ?? []).filter((id) => !seen.has(id));
@@ -439,11 +439,11 @@ export class KnowledgeBase {
       const c = this.collections.get(o.collection) ?? { name: o.collection, createdAt: now, embedderId: this.embedder.id, dim: this.embedder.dim, customFields: [] };
       const custom = new Set([...c.customFields, ...customKeys]);
       this.collections.putSync(o.collection, { ...c, customFields: [...custom].sort() });
-      return { generation: this.bump(o.collection), dropped };
+      return { generation: this.bump(o.collection), dropped, replaced: current !== undefined };
     });
     if (dropped.length > 0) this.index.remove(o.collection, dropped, generation);
     this.index.put(o.collection, indexed, generation);
-    return { docId: o.docId, status: old ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length };
+    return { docId: o.docId, status: replaced ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length };
   }
 
   /** Removes a document and its chunks (one transaction). Returns whether it existed. */
