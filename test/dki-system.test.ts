@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
-import { DKISystem, type DKIConfigInput } from "../src/dki/index.js";
+import { DKISystem, formatHistory, type DKIConfigInput, type HistoryProvider } from "../src/dki/index.js";
+import type { MemoryStoreApi } from "../src/memory/types.js";
 import { maxAbsDiff, repoRoot, tempDir } from "./support/paths.js";
 import { prng } from "./support/prng.js";
 
@@ -255,6 +256,43 @@ describe("blocks, order and prefix", () => {
     } finally {
       await roomy.close();
     }
+  });
+});
+
+describe("pluggable history", () => {
+  test("another HistoryProvider (here: the user's earlier session) supplies the suffix the turn uses", async () => {
+    const dataDir = tempDir();
+    // A provider that recalls the user's previous session instead of this one: the kind of swap
+    // Recall v4 makes, through the same interface.
+    const crossSession = (store: MemoryStoreApi): HistoryProvider => ({
+      strategy: "previous_session",
+      async suffix(req) {
+        const turns = await store.conversations.list({ userId: req.userId, sessionId: "earlier", limit: req.maxMessages });
+        const messages = turns.map((t) => ({ role: t.role as "user" | "assistant", content: t.content, id: t.id }));
+        return { ...formatHistory(messages, req.language, req.counter, req.maxTokens), strategy: "previous_session", metadata: { from: "earlier" } };
+      },
+    });
+    const sys = await DKISystem.open({ model, dataDir, config: { generationReserve: 128 }, history: crossSession });
+    try {
+      await sys.chat("I am allergic to peanuts.", { userId: "alice", sessionId: "earlier", maxNewTokens: 2 });
+      const r = await sys.chat("What should I avoid?", { userId: "alice", sessionId: "now", maxNewTokens: 2 });
+      const h = r.metadata.hybridInjection;
+      expect(h.historyStrategy).toBe("previous_session");
+      expect(h.historyMessages.map((m) => m.content)[0]).toBe("I am allergic to peanuts.");
+      expect(h.finalInput).toContain("User: I am allergic to peanuts.");
+    } finally {
+      await sys.close();
+    }
+  });
+
+  test("a model path is loaded and owned by the system (disposed on close)", async () => {
+    const sys = await DKISystem.open({ model: modelDir, loadOptions: { contextSize: 256 }, dataDir: tempDir(), config: { generationReserve: 64 } });
+    const owned = sys.model;
+    expect(owned).not.toBe(model);
+    expect(owned.contextSize).toBe(256);
+    await sys.chat("Hello there", { userId: "u", sessionId: "s", maxNewTokens: 1 });
+    await sys.close();
+    expect(() => owned.nativeHandle()).toThrow("model has been disposed");
   });
 });
 
