@@ -52,6 +52,9 @@ export interface DKISystemOptions {
   openStore?: StoreOpener;
 }
 
+/** Sessions whose injected blocks clearSessionCache can find (the most recently active). */
+export const TRACKED_SESSIONS = 10_000;
+
 export const DEFAULT_BUDGETS: Readonly<CacheBudgets> = Object.freeze({ l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30 });
 
 export interface ChatOptions {
@@ -316,9 +319,10 @@ export class DKISystem {
   }
 
   /**
-   * Drops from every cache tier the K/V blocks this session's turns injected (they are computed
-   * again when next needed, by any session of that user), and the history provider's state for the
-   * session. Returns how many blocks were dropped. The stored memories and conversation stay.
+   * Drops from every cache tier the K/V blocks this system's turns of the session injected (they
+   * are computed again when next needed, by any session of that user), and the history provider's
+   * state for the session. Returns how many blocks were dropped. The stored memories and
+   * conversation stay. Blocks are tracked for the TRACKED_SESSIONS most recently active sessions.
    */
   async clearSessionCache(sessionId: string): Promise<number> {
     if (typeof sessionId !== "string" || sessionId === "") throw new DkiArgumentError("clearSessionCache needs a session id");
@@ -519,11 +523,16 @@ export class DKISystem {
     });
   }
 
+  /** Remembers the blocks a session's turn injected, for clearSessionCache; the most recent sessions only. */
   private noteKeys(sessionId: string, a: Assembly | null): void {
     if (!a) return;
     let keys = this.sessionKeys.get(sessionId);
-    if (!keys) this.sessionKeys.set(sessionId, (keys = new Set()));
+    // Re-inserted at the end: the Map's order is then least recently used first.
+    if (keys) this.sessionKeys.delete(sessionId);
+    this.sessionKeys.set(sessionId, (keys ??= new Set()));
     for (const b of a.blocks) keys.add(b.key);
+    // A long-running server sees sessions without end; what it remembers for them must not grow so.
+    if (this.sessionKeys.size > TRACKED_SESSIONS) this.sessionKeys.delete(this.sessionKeys.keys().next().value!);
   }
 }
 
