@@ -60,6 +60,12 @@ describe("end to end", () => {
       expect(again.cache).toMatchObject({ hit: true, tiers: [{ kind: "memory", id: mem!.id, tier: "L1" }] });
       expect(sameRows((await sys.logits(HIKING_Q, { userId: "alice", sessionId: "probe" })).logits, withMem.logits)).toBe(true);
 
+      // A second memory that routing finds but that is not relevant enough itself: left out, and said why.
+      const [weak] = await sys.memories.add("Alice's cousin has a red bicycle.", { userId: "alice" });
+      const third = await sys.chat(HIKING_Q, { userId: "alice", sessionId: "s3", maxNewTokens: 1 });
+      expect(third.memoriesUsed.map((m) => m.id)).toEqual([mem!.id]);
+      expect(third.metadata.memoriesLeftOut).toEqual([{ id: weak!.id, reason: expect.stringMatching(/^relevance 0\.\d\d is below the threshold 0\.25$/) }]);
+
       const b = await sys.chat(HIKING_Q, { userId: "bob", sessionId: "s2", maxNewTokens: 4 });
       expect(b.memoriesUsed.every((m) => m.id !== mem!.id)).toBe(true);
     } finally {
@@ -227,6 +233,22 @@ describe("blocks, order and prefix", () => {
       const byTime = await sys.chat(q, { userId: "alice", sessionId: "o5", maxNewTokens: 1 });
       expect(byTime.memoriesUsed.map((m) => m.id)).toEqual([older!.id, newer!.id]);
       expect(byTime.metadata.memoryOrder).toBe("time");
+    } finally {
+      await sys.close();
+    }
+  });
+
+  test("memoryMaxTokens caps the memory tokens a turn injects; the memories past it are reported left out", async () => {
+    const short = "Alice hikes in the Alps.";
+    const n = model.tokenizer.encode(short, { addSpecialTokens: false }).length;
+    const sys = await open({ gating: { relevanceThreshold: 0 }, preferenceEnabled: false, memoryMaxTokens: n + 2 });
+    try {
+      const [a] = await sys.memories.add(short, { userId: "alice" });
+      const [b] = await sys.memories.add("Alice hikes in the Alps every summer with her two brothers and their dogs.", { userId: "alice" });
+      const r = await sys.chat("Alice hikes in the Alps?", { userId: "alice", sessionId: "cap", maxNewTokens: 1 });
+      expect(r.memoriesUsed.map((m) => m.id)).toEqual([a!.id]);
+      expect(r.budget.memoryTokens).toBe(n);
+      expect(r.metadata.memoriesLeftOut).toEqual([{ id: b!.id, reason: expect.stringMatching(new RegExp(`^its \\d+ tokens exceed the 2 left of memoryMaxTokens \\(${n + 2}\\)$`)) }]);
     } finally {
       await sys.close();
     }

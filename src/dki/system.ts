@@ -115,6 +115,12 @@ export interface HybridInjectionInfo {
   finalInput: string;
 }
 
+/** A routed memory the turn did not inject, and why. */
+export interface LeftOut {
+  id: string;
+  reason: string;
+}
+
 export interface DKIMetadata {
   model: { dir: string; fingerprint: string };
   userId: string;
@@ -124,6 +130,8 @@ export interface DKIMetadata {
   memoryOrder: MemoryOrder;
   /** The layer's own time (total − prefill − decode − K/V computes − queue − entropy probe). */
   layerMs: number;
+  /** Routed memories the gate let through but the turn did not inject (below τ themselves, over the token budget). */
+  memoriesLeftOut: LeftOut[];
   hybridInjection: HybridInjectionInfo;
 }
 
@@ -170,6 +178,7 @@ interface Prepared {
   assembly: Assembly | null;
   memories: MemoryUsed[];
   preferenceInjected: boolean;
+  leftOut: LeftOut[];
   injection: InjectionOptions;
 }
 
@@ -404,13 +413,21 @@ export class DKISystem {
     lat.gatingMs = performance.now() - t;
 
     const memories: { r: SearchResult; tokens: number[] }[] = [];
+    const leftOut: LeftOut[] = [];
     if (gating.inject) {
       let budget = c.memoryMaxTokens;
       // Forced: every routed memory; gated: those that clear the relevance threshold themselves.
       for (const r of plan.routed) {
-        if (!gating.forced && relevance(r) < g.relevanceThreshold) continue;
+        const id = r.memory.id;
+        if (!gating.forced && relevance(r) < g.relevanceThreshold) {
+          leftOut.push({ id, reason: `relevance ${relevance(r).toFixed(2)} is below the threshold ${g.relevanceThreshold.toFixed(2)}` });
+          continue;
+        }
         const tokens = this.model.tokenizer.encode(r.memory.text, { addSpecialTokens: false });
-        if (tokens.length === 0 || tokens.length > budget) continue;
+        if (tokens.length === 0 || tokens.length > budget) {
+          leftOut.push({ id, reason: tokens.length === 0 ? "its text has no tokens" : `its ${tokens.length} tokens exceed the ${budget} left of memoryMaxTokens (${c.memoryMaxTokens})` });
+          continue;
+        }
         budget -= tokens.length;
         memories.push({ r, tokens });
       }
@@ -437,6 +454,7 @@ export class DKISystem {
       assembly,
       memories: memories.map((m) => ({ id: m.r.memory.id, text: m.r.memory.text, score: m.r.score, relevance: relevance(m.r), tokens: m.tokens.length })),
       preferenceInjected,
+      leftOut,
       injection: { segments, positions: c.positions, alphaThreshold: g.alphaThreshold },
     };
   }
@@ -476,6 +494,7 @@ export class DKISystem {
         encodingPrefix: this.config.encodingPrefix,
         memoryOrder: this.config.memoryOrder,
         layerMs: 0,
+        memoriesLeftOut: p.leftOut,
         hybridInjection: {
           enabled: p.preferenceInjected,
           preferenceTokens: p.preferenceInjected ? plan.preferences.tokens : 0,
