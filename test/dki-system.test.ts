@@ -249,6 +249,14 @@ describe("blocks, order and prefix", () => {
       expect(r.memoriesUsed.map((m) => m.id)).toEqual([a!.id]);
       expect(r.budget.memoryTokens).toBe(n);
       expect(r.metadata.memoriesLeftOut).toEqual([{ id: b!.id, reason: expect.stringMatching(new RegExp(`^its \\d+ tokens exceed the 2 left of memoryMaxTokens \\(${n + 2}\\)$`)) }]);
+      // The same text stored twice is one block, injected once.
+      const [twin] = await sys.memories.add(short, { userId: "alice" });
+      const again = await sys.chat("Alice hikes in the Alps?", { userId: "alice", sessionId: "cap2", maxNewTokens: 1 });
+      expect(again.memoriesUsed).toHaveLength(1);
+      expect(again.cache.tiers).toHaveLength(1);
+      const first = again.memoriesUsed[0]!.id;
+      expect([a!.id, twin!.id]).toContain(first);
+      expect(again.metadata.memoriesLeftOut).toContainEqual({ id: first === a!.id ? twin!.id : a!.id, reason: `same text as ${first}, injected once` });
     } finally {
       await sys.close();
     }

@@ -424,6 +424,12 @@ export class DKISystem {
           continue;
         }
         const tokens = this.model.tokenizer.encode(r.memory.text, { addSpecialTokens: false });
+        // Two memories with the same text would be one block injected twice: the first stands for both.
+        const twin = memories.find((m) => m.tokens.length === tokens.length && m.tokens.every((t, i) => t === tokens[i]));
+        if (twin) {
+          leftOut.push({ id, reason: `same text as ${twin.r.memory.id}, injected once` });
+          continue;
+        }
         if (tokens.length === 0 || tokens.length > budget) {
           leftOut.push({ id, reason: tokens.length === 0 ? "its text has no tokens" : `its ${tokens.length} tokens exceed the ${budget} left of memoryMaxTokens (${c.memoryMaxTokens})` });
           continue;
