@@ -12,6 +12,8 @@ import { DKISystem } from "../src/dki/index.js";
 import { repoRoot, tempDir } from "./support/paths.js";
 import { prng } from "./support/prng.js";
 
+/** Kills, each at a random moment of a turn (the prefill, the decode or the record). */
+const ROUNDS = 5;
 let model: Model;
 let modelDir: string;
 
@@ -68,23 +70,23 @@ async function runAndKill(dataDir: string, sessionId: string, answers: number, e
   return answered;
 }
 
-test("SIGKILL mid-loop: every answered turn has its three rows, and no turn is half-written", async () => {
+test("SIGKILL mid-loop, five times: every answered turn has its three rows, and no turn is half-written", async () => {
   const dataDir = tempDir();
   const seed = await DKISystem.open({ model, dataDir });
   const [mem] = await seed.memories.add("Alice loves hiking in the Alps and is allergic to peanuts.", { userId: "alice" });
   await seed.close();
   const rnd = prng(5);
   const reported: { sessionId: string; a: Answered }[] = [];
-  for (let round = 0; round < 3; round++) {
+  for (let round = 0; round < ROUNDS; round++) {
     const sessionId = `crash-${round}`;
     // Killed somewhere in the next turn: in the prefill, the decode or the record.
-    const answered = await runAndKill(dataDir, sessionId, 2, Math.floor(rnd() * 120));
+    const answered = await runAndKill(dataDir, sessionId, 2, Math.floor(rnd() * 200));
     for (const a of answered) reported.push({ sessionId, a });
   }
 
   const sys = await DKISystem.open({ model, dataDir, config: { gating: { relevanceThreshold: 0 } } });
   try {
-    for (let round = 0; round < 3; round++) {
+    for (let round = 0; round < ROUNDS; round++) {
       const sessionId = `crash-${round}`;
       const rows = await sys.conversations.list({ userId: "alice", sessionId });
       const audit = (await sys.audit.list({ userId: "alice", sessionId })).filter((e) => e.action === "dki_generate");
@@ -102,7 +104,7 @@ test("SIGKILL mid-loop: every answered turn has its three rows, and no turn is h
       expect(reported.filter((x) => x.sessionId === sessionId).length).toBeGreaterThanOrEqual(2);
     }
     expect(reported.every(({ a }) => a.memoryIds.includes(mem!.id))).toBe(true);
-    // The store and the cache still work after three crashes.
+    // The store and the cache still work after the crashes.
     const r = await sys.chat("Tips for hiking in the Alps with peanuts?", { userId: "alice", sessionId: "after", maxNewTokens: 2 });
     expect(r.memoriesUsed.map((m) => m.id)).toEqual([mem!.id]);
   } finally {
