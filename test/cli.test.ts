@@ -148,6 +148,19 @@ describe("dki generate", () => {
     expect((await dki(["generate", "--model", dir, "--prompt", "x", "-n", "1"])).stderr).not.toMatch(/memory/);
   });
 
+  test("a --context-size the memory cannot hold is one line naming the bytes needed and available (a 1 GB machine, by DKI_HOST_MEMORY_BYTES)", async () => {
+    const args = [join(repoRoot, "bin", "dki.js"), "generate", "--model", dir, "--prompt", "x", "--context-size", "4000000"];
+    const r = await run(process.execPath, args, { env: { ...process.env, DKI_HOST_MEMORY_BYTES: "1000000000" } }).then(
+      () => null,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(r?.code).toBe(1);
+    // 4M tokens × 2 layers × 2 KV heads × 16 dims × K and V × 4 bytes.
+    expect(r?.stderr).toBe(
+      "dki: --context-size 4000000: a 4000000-token context's K/V cache needs 2.0 GB (2048000000 bytes) of memory; 1.0 GB (1000000000 bytes) is available\n",
+    );
+  });
+
   test("a window beyond the trained positions works and is warned about once; --check-tensors loads a sound model", async () => {
     const { stdout, stderr } = await dki(["generate", "--model", dir, "--prompt", "x", "-n", "2", "--context-size", "100000", "--check-tensors", "--format", "json"]);
     expect(JSON.parse(stdout).tokens).toHaveLength(2);

@@ -3,6 +3,7 @@ import type { Command } from "commander";
 import { Model, type Device, type InjectionOptions } from "../engine/model.js";
 import type { GenerateResult } from "../engine/generate.js";
 import { native } from "../engine/native.js";
+import { DkiArgumentError } from "../errors.js";
 import { intOption, numberOption, tokenListOption, choiceOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 
@@ -76,7 +77,14 @@ const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 
 /** Loads the model and says once, on stderr, what its load warned about (a window beyond the trained positions). */
 async function loadModel(path: string, opts: Parameters<typeof Model.load>[1]): Promise<Model> {
-  const model = await Model.load(path, opts);
+  let model: Model;
+  try {
+    model = await Model.load(path, opts);
+  } catch (e) {
+    // The library names its option; the user gave the flag.
+    if (e instanceof DkiArgumentError && e.message.startsWith("contextSize ")) throw new DkiArgumentError(`--context-size ${e.message.slice("contextSize ".length)}`);
+    throw e;
+  }
   for (const w of model.info.warnings) process.stderr.write(`dki: warning: ${w}\n`);
   return model;
 }
