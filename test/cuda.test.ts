@@ -145,13 +145,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       expect(maxRowDiff(prefix, negative)).toBeLessThan(1e-3);
     });
 
-    test("a context too big for the GPU is a clean out-of-memory error, and the model still works", async () => {
+    test("a context too big for the GPU is refused before any of it is allocated, naming the bytes needed and free, and the model still works", async () => {
       // 32 layers × 8 K/V heads × 128 dims: 128 KiB of K per token, 2 TiB for 16M tokens.
       const dir = tempDir();
       await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: dir, overrides: { numLayers: 32, numHeads: 8, numKvHeads: 8, headDim: 128 } });
       const big = await Model.load(dir, { contextSize: 64, device: "cuda" });
       try {
-        expect(() => big.createContext(16_777_216)).toThrow(/CUDA out of memory: \d+ MiB for the context's K cache/);
+        expect(() => big.createContext(16_777_216)).toThrow(
+          /^a 16777216-token context on cuda:0 needs [\d.]+ TB \(\d+ bytes\) of GPU memory \(its K\/V cache 4\.4 TB \(4398046511104 bytes\)\); [\d.]+ [KMGT]?B \(\d+ bytes\) is free of /,
+        );
         expect((await big.logits(prompt)).length).toBe(prompt.length);
       } finally {
         big.dispose();
