@@ -180,5 +180,12 @@ describe("ingestion", () => {
     expect(kb.indexRebuilds.map((r) => r.scope)).toEqual(["docs"]);
     expect(["missing", "corrupt"]).toContain(kb.indexRebuilds[0].reason);
     await expect(KnowledgeBase.open({ dir: tempDir(), embedder, tokenizer: tok, maxDocumentBytes: 0 })).rejects.toThrow(/maxDocumentBytes/);
+    // Another embedder: its vectors are never compared with the collection's, in search or ingestion.
+    await kb.close();
+    const other = await KnowledgeBase.open({ dir, embedder: new HashingEmbedder({ dim: 256 }), tokenizer: tok });
+    await expect(other.search("cafe", { collection: "docs" })).rejects.toThrow(/holds vectors of embedder hashing-v1-d512; this knowledge base was opened with hashing-v1-d256/);
+    await expect(other.ingestText("x", { collection: "docs", docId: "n" })).rejects.toThrow(/holds vectors of embedder hashing-v1-d512/);
+    await other.close();
+    kb = await KnowledgeBase.open({ dir, embedder, tokenizer: tok });
   });
 });

@@ -170,7 +170,7 @@ function documentFields(docId: string, docType: DocType, title: string | undefin
 const vectorBytes = (v: Float32Array): Uint8Array => new Uint8Array(v.buffer.slice(v.byteOffset, v.byteOffset + v.byteLength));
 const vectorOf = (b: Uint8Array): Float32Array => new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 
-/** A collection's chunks as the retrieval index sees them: texts, vectors and the document fields. */
+/** A collection's whole contents, for inspection and tests (search goes through the index). */
 export interface CollectionSnapshot {
   chunks: KbChunk[];
   vectors: Float32Array[];
@@ -331,7 +331,9 @@ export class KnowledgeBase {
   /** The memory layer's hybrid search over one collection's chunks. */
   hybridSearch(collection: string, query: HybridQuery, options: HybridSearchOptions): HybridHit[] {
     this.live();
-    this.collection(collection);
+    const c = this.collection(collection);
+    // Vectors of two embedders are never compared: a query embedded by another one would rank by noise.
+    if (c.embedderId !== this.embedder.id) throw new DkiArgumentError(`collection ${JSON.stringify(collection)} holds vectors of embedder ${c.embedderId}; this knowledge base was opened with ${this.embedder.id}`);
     return this.index.search(collection, query, options);
   }
 
