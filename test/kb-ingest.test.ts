@@ -156,6 +156,18 @@ describe("ingestion", () => {
     expect(sel({ eq: { category: "nothing" } })).toEqual([]);
   });
 
+  test("documents with long ids (keys past LMDB's short-string encoding) are listed, found and removed like short ones", async () => {
+    // lmdb's ordered-binary escapes a NUL in short string keys but not in long ones: a range ending
+    // at "<collection>\u0001" once missed every document whose key was 63 bytes or more.
+    const ids = ["short.md", `long/${"x".repeat(120)}.md`, `中文/${"长".repeat(40)}.md`];
+    for (const docId of ids) await kb.ingestText(`Notes about ${docId.length} things.`, { collection: "longids", docId });
+    expect(kb.listDocuments("longids").map((d) => d.docId).sort()).toEqual([...ids].sort());
+    for (const docId of ids) expect(kb.getDocument("longids", docId)?.docId).toBe(docId);
+    expect((await kb.search("Notes about things", { collection: "longids", limit: 5 })).length).toBe(3);
+    expect(await kb.removeDocument("longids", ids[1])).toBe(true);
+    expect(kb.listDocuments("longids").map((d) => d.docId).sort()).toEqual([ids[0], ids[2]].sort());
+  });
+
   test("removing a document removes its chunks; the knowledge base persists across reopening", async () => {
     const id = kb.listDocuments("docs").find((d) => d.docId.endsWith("notes.txt"))!.docId;
     const chunkIds = kb.getDocument("docs", id)!.chunkIds;

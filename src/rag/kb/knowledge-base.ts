@@ -18,7 +18,7 @@ import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
 import { searchKnowledgeBase, type KbSearchDetail, type KbSearchOptions, type KbSearchResult } from "./search.js";
 
-export const KB_SCHEMA_VERSION = 1;
+export const KB_SCHEMA_VERSION = 2; // 2: [collection, id] array keys (1 had "collection\0id" strings)
 
 export interface KnowledgeBaseOptions {
   /** The knowledge base's folder (LMDB files). */
@@ -124,9 +124,13 @@ interface ScopeRecord {
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
 const SEP = "\u0000";
-const docKey = (c: string, d: string) => `${c}${SEP}${d}`;
-const chunkKey = (c: string, id: string) => `${c}${SEP}${id}`;
-const prefixRange = (c: string) => ({ start: `${c}${SEP}`, end: `${c}\u0001` });
+// Keys are [collection, id] arrays, as the memory store's: a collection's records are the range
+// [c] .. [c + U+0001] (names hold no control characters). A string key "c\0id" with the range
+// "c\0" .. "c\u0001" missed long ids: lmdb's ordered-binary escapes NUL in short strings only.
+type ScopedKey = [string, string];
+const docKey = (c: string, d: string): ScopedKey => [c, d];
+const chunkKey = (c: string, id: string): ScopedKey => [c, id];
+const prefixRange = (c: string) => ({ start: [c], end: [`${c}\u0001`] });
 
 export function checkCollectionName(name: unknown): asserts name is string {
   if (typeof name !== "string" || !NAME.test(name)) {
@@ -185,8 +189,8 @@ export class KnowledgeBase {
   private constructor(
     private readonly root: RootDatabase,
     private readonly collections: Database<CollectionRecord, string>,
-    private readonly documents: Database<KbDocument, string>,
-    private readonly chunks: Database<StoredChunk, string>,
+    private readonly documents: Database<KbDocument, ScopedKey>,
+    private readonly chunks: Database<StoredChunk, ScopedKey>,
     private readonly scopes: Database<ScopeRecord, string>,
     readonly embedder: Embedder,
     readonly tokenizer: ChunkTokenizer,
@@ -249,8 +253,8 @@ export class KnowledgeBase {
     return new KnowledgeBase(
       root,
       root.openDB<CollectionRecord, string>({ name: "collections" }),
-      root.openDB<KbDocument, string>({ name: "documents" }),
-      root.openDB<StoredChunk, string>({ name: "chunks" }),
+      root.openDB<KbDocument, ScopedKey>({ name: "documents" }),
+      root.openDB<StoredChunk, ScopedKey>({ name: "chunks" }),
       root.openDB<ScopeRecord, string>({ name: "scopes" }),
       o.embedder,
       o.tokenizer,
