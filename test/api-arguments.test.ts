@@ -58,7 +58,7 @@ describe("blocks", () => {
   });
 
   test("scaleValues takes α ≥ 0, as injection does", async () => {
-    await expect(block.scaleValues(-1)).rejects.toThrow(/alpha must be a finite number >= 0, got -1/);
+    await expect(block.scaleValues(-1)).rejects.toThrow(/alpha must be a finite number >= 0 \(as a 32-bit float, at most ~3\.4e38\), got -1/);
     expect((await block.scaleValues(0)).nTokens).toBe(3);
   });
 

@@ -169,6 +169,7 @@ describe("non-finite values", () => {
     await expect(gen).rejects.toThrow(new RegExp(`^generate: segments\\[0\\] \\(${n} tokens\\): ` + overflow.source + "$"));
     await expect(clean.logits([1, 2], { segments: [{ kv: mem, alpha }] })).rejects.toThrow(/^logits: segments\[0\]/);
     await expect(mem.scaleValues(alpha)).rejects.toThrow(new RegExp("^scaleValues: " + overflow.source));
+    await expect(mem.scaleValues(1e39)).rejects.toThrow(/^alpha must be a finite number >= 0 \(as a 32-bit float, at most ~3\.4e38\), got 1e\+39$/);
     // Below the bound the values themselves fit, and what overflows later is caught in the logits,
     // still naming the segment: never a stream of token 0.
     await expect(clean.generate(PROMPT, { maxNewTokens: 4, segments: [{ kv: mem, alpha: 1e38 }] })).rejects.toThrow(/segments\[0\]/);

@@ -67,9 +67,11 @@ export class KVBlock {
     return new KVBlock(h, this.model);
   }
 
-  /** V ← α·V. Keys are never scaled. */
+  /** V ← α·V. Keys are never scaled. An α whose scaled values overflow float32 is refused (NonFiniteError). */
   async scaleValues(alpha: number): Promise<KVBlock> {
-    if (typeof alpha !== "number" || !Number.isFinite(alpha) || alpha < 0) throw new DkiArgumentError(`alpha must be a finite number >= 0, got ${String(alpha)}`);
+    // The engine scales in 32-bit floats: 1e39 is finite here and +inf there.
+    if (typeof alpha !== "number" || !Number.isFinite(Math.fround(alpha)) || alpha < 0)
+      throw new DkiArgumentError(`alpha must be a finite number >= 0 (as a 32-bit float, at most ~3.4e38), got ${String(alpha)}`);
     return this.wrap(await this.nativeHandle().scaleValues(alpha));
   }
 
