@@ -78,6 +78,8 @@ class Context {
   // Refuses logits holding NaN/inf, naming the eval row: a NaN weight or an overflow upstream
   // would otherwise sample token 0 forever.
   void check_logits(const std::vector<float>& logits, int n, LogitsMode mode) const;
+  // The same for the attention probe's entropies (a gating signal that would otherwise be NaN).
+  void check_probe(int n) const;
   void eval_chunk(const int32_t* tokens, int T, LogitsMode mode, float* logits);
   void attention(int layer, int T);
 

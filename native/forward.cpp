@@ -198,6 +198,14 @@ void Context::check_segments() const {
   }
 }
 
+void Context::check_probe(int n) const {
+  const int64_t head = first_non_finite(probe_entropy_.data(), probe_entropy_.size());
+  if (head < 0) return;
+  throw NonFiniteError("the attention of layer " + std::to_string(probe_layer_) + " at token " + std::to_string(n - 1) + " of " + std::to_string(n) +
+                           " in this eval is not finite (query head " + std::to_string(head) + ")",
+                       -1, n - 1);
+}
+
 void Context::check_logits(const std::vector<float>& logits, int n, LogitsMode mode) const {
   const int64_t bad = first_non_finite(logits.data(), logits.size());
   if (bad < 0) return;
@@ -242,6 +250,7 @@ void Context::eval(const int32_t* tokens, int n, LogitsMode mode, std::vector<fl
   try {
     eval_chunks(tokens, n, mode, max_chunk, V, logits);
     if (mode != LogitsMode::None) check_logits(logits, n, mode);
+    if (probe_layer_ >= 0) check_probe(n);
   } catch (...) {
     n_past_ = n_past_before;
     tokens_.resize(size_t(n_past_before));
@@ -407,7 +416,7 @@ void Context::attention(int l, int T) {
           double h_ent = 0;
           for (int i = 0; i < S; i++) {
             const double p = scores[i] * inv;
-            if (p > 0) h_ent -= p * std::log(p);
+            if (!(p <= 0)) h_ent -= p * std::log(p);  // 0·ln 0 = 0; a NaN p makes the entropy NaN, as on the GPU
           }
           probe_entropy_[h] = float(h_ent);
         }

@@ -147,6 +147,11 @@ describe("non-finite values", () => {
       // Non-finite logits with a memory injected say which segments were.
       const clean2 = await m.computeBlock("The user loves hiking.", { startPos: -6 });
       const withFirst = { tokens: [...m.encodePrompt(PROMPT), first] };
+      // The attention probe, a gating signal, is checked the same way.
+      await expect(m.attentionEntropy(withFirst, 1)).rejects.toThrow(
+        new RegExp(`^attentionEntropy: the attention of layer 1 at token ${withFirst.tokens.length - 1} of ${withFirst.tokens.length} in this eval is not finite \\(query head 0\\)$`),
+      );
+      await expect(m.nextTokenEntropy(withFirst)).rejects.toThrow(/^nextTokenEntropy: the logits of token \d+ of \d+ in this eval are not finite/);
       await expect(m.generate(withFirst, { maxNewTokens: 4, segments: [{ kv: clean2, alpha: 0.5 }] })).rejects.toThrow(
         /^generate, step 0 \(the prompt's prefill\): .*; injected: segments\[0\] \(\d+ tokens, α = 0\.5, value scaling\)$/,
       );
