@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,23 +29,73 @@ std::string byte_size(uint64_t bytes) {
   return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
 }
 
+namespace {
+
+constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
+
+// The first number in a file ("max", a missing file or anything else: kUnknown).
+uint64_t number_in(const std::string& path) {
+  std::ifstream f(path);
+  unsigned long long v = 0;
+  if (!(f >> v)) return kUnknown;
+  return v;
+}
+
+// What this process's memory cgroup still allows (limit − usage), or kUnknown: in a container
+// /proc/meminfo shows the host's memory, and the cgroup's limit is what the OOM killer enforces.
+// cgroup v2 ("0::/path": memory.max, memory.current) or v1 (the "memory" controller's
+// memory.limit_in_bytes, memory.usage_in_bytes), at the process's own path and at the mount's root
+// (a container's namespace shows its own cgroup there).
+uint64_t cgroup_room() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  uint64_t room = kUnknown;
+  const auto consider = [&room](const std::string& dir, const char* limit_file, const char* usage_file) {
+    const uint64_t limit = number_in(dir + "/" + limit_file), usage = number_in(dir + "/" + usage_file);
+    // v1 reports "no limit" as a huge page-aligned number: anything beyond 2^60 bytes is none.
+    if (limit == kUnknown || usage == kUnknown || limit >= (uint64_t(1) << 60)) return;
+    room = std::min(room, limit > usage ? limit - usage : 0);
+  };
+  while (std::getline(cg, line)) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (controllers.empty()) {
+      for (const std::string& dir : {"/sys/fs/cgroup" + path, std::string("/sys/fs/cgroup")}) consider(dir, "memory.max", "memory.current");
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      for (const std::string& dir : {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")})
+        consider(dir, "memory.limit_in_bytes", "memory.usage_in_bytes");
+    }
+  }
+  return room;
+}
+
+}  // namespace
+
 uint64_t host_available_bytes() {
   if (const char* env = std::getenv("DKI_HOST_MEMORY_BYTES")) {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(env, &end, 10);
     if (end != env && *end == '\0') return v;
   }
+  uint64_t available = kUnknown;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   uint64_t kb = 0;
   std::string unit;
   while (meminfo >> key >> kb) {
-    if (key == "MemAvailable:") return kb * 1024;
+    if (key == "MemAvailable:") {
+      available = kb * 1024;
+      break;
+    }
     meminfo >> unit;  // "kB", absent on a line without a unit; the next read then recovers
   }
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) return uint64_t(pages) * uint64_t(page);
-  return std::numeric_limits<uint64_t>::max();  // unknown: let the allocation itself decide
+  if (available == kUnknown) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) available = uint64_t(pages) * uint64_t(page);
+  }
+  // Unknown both ways: the allocation itself decides.
+  return std::min(available, cgroup_room());
 }
 
 void check_host_bytes(uint64_t need, const std::string& what) {

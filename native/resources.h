@@ -14,8 +14,9 @@ namespace dki {
 std::string byte_size(uint64_t bytes);
 
 // Host memory a new allocation can take without pushing the system into swap or the OOM killer:
-// MemAvailable on Linux, else the physical memory. DKI_HOST_MEMORY_BYTES overrides it (tests,
-// containers whose limit /proc/meminfo does not show).
+// MemAvailable on Linux (else the physical memory), bounded by what the process's memory cgroup
+// still allows (a container's limit, which /proc/meminfo does not show). DKI_HOST_MEMORY_BYTES
+// overrides both (tests; a limit enforced some other way).
 uint64_t host_available_bytes();
 
 // Throws an Error naming `what`, the bytes it needs and the bytes available when `need` exceeds
