@@ -786,11 +786,12 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     if (!(n >= 1 && n <= kMaxContextTokens) || n != double(int(n)))
       throw Napi::RangeError::New(env, "maxTokens must be an integer in 1.." + std::to_string(kMaxContextTokens));
     try {
-      ctx_ = std::make_unique<Context>(m->model(env), int(n));
+      // A window refused for its memory (host or GPU) carries code "ENOMEM" (SystemError).
+      ctx_ = js_errors(env, [&] { return std::make_unique<Context>(m->model(env), int(n)); });
     } catch (const std::bad_alloc&) {
-      throw Napi::Error::New(env, "out of memory allocating a " + std::to_string(int(n)) + "-token K/V cache");
-    } catch (const dki::Error& e) {  // a GPU context that could not get its device memory
-      throw Napi::Error::New(env, e.what());
+      Napi::Error err = Napi::Error::New(env, "out of memory allocating a " + std::to_string(int(n)) + "-token K/V cache");
+      err.Value().Set("code", "ENOMEM");
+      throw err;
     }
   }
 

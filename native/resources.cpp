@@ -101,7 +101,7 @@ uint64_t host_available_bytes() {
 void check_host_bytes(uint64_t need, const std::string& what) {
   const uint64_t available = host_available_bytes();
   if (need > available)
-    throw Error(what + " needs " + byte_size(need) + " of memory; " + byte_size(available) + " is available");
+    throw SystemError(what + " needs " + byte_size(need) + " of memory; " + byte_size(available) + " is available", "ENOMEM");
 }
 
 LazyFloats::LazyFloats(size_t n) : n_(n) {

@@ -19,8 +19,9 @@ std::string byte_size(uint64_t bytes);
 // overrides both (tests; a limit enforced some other way).
 uint64_t host_available_bytes();
 
-// Throws an Error naming `what`, the bytes it needs and the bytes available when `need` exceeds
-// host_available_bytes(). Called before allocating anything sized by the caller's input.
+// Throws a SystemError with code "ENOMEM" naming `what`, the bytes it needs and the bytes
+// available when `need` exceeds host_available_bytes(). Called before allocating anything sized
+// by the caller's input.
 void check_host_bytes(uint64_t need, const std::string& what);
 
 // Zero-filled float storage whose pages exist only once written: an address range reserved up

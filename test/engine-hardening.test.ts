@@ -54,6 +54,7 @@ describe("resource limits", () => {
     const m = await Model.load(dir, { contextSize: 16 });
     try {
       expect(() => m.createContext(tokens)).toThrow(needed);
+      expect(() => m.createContext(tokens)).toThrow(expect.objectContaining({ code: "ENOMEM" }));
     } finally {
       m.dispose();
     }
@@ -198,6 +199,8 @@ describe("non-finite values", () => {
     await expect(clean.logits(tokens, { segments: [{ kv: mem, alpha: 0, scaling: "logit" }], alphaThreshold: 0 })).rejects.toThrow(
       /segments\[0\]: alpha 0 with logit scaling would add ln 0 = -inf/,
     );
+    // Below a threshold above 0 it is left out like any other α: nothing to refuse.
+    expect(await clean.logits(tokens, { segments: [{ kv: mem, alpha: 0, scaling: "logit" }] })).toEqual(plain);
   });
 });
 

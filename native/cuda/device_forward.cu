@@ -261,8 +261,8 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   DKI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (need > free_b && drain_device_block_pool(s.w->device)) DKI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (need > free_b)
-    throw Error("a " + std::to_string(max_tokens) + "-token context on cuda:" + std::to_string(s.w->device) + " needs " + byte_size(need) +
-                " of GPU memory (its K/V cache " + byte_size(2 * cache) + "); " + byte_size(free_b) + " is free of " + byte_size(total_b));
+    throw SystemError("a " + std::to_string(max_tokens) + "-token context on cuda:" + std::to_string(s.w->device) + " needs " + byte_size(need) +
+                " of GPU memory (its K/V cache " + byte_size(2 * cache) + "); " + byte_size(free_b) + " is free of " + byte_size(total_b), "ENOMEM");
   s.k_cache.allocate(cache, "the context's K cache");
   s.v_cache.allocate(cache, "the context's V cache");
   const Impl::StepLayout step = s.step_layout(int(T));

@@ -248,7 +248,8 @@ export class Model {
       model.defaultCtx = model.createContext();
     } catch (e) {
       model.dispose();
-      throw new DkiArgumentError(`contextSize ${contextSize}: ${e instanceof Error ? e.message : String(e)}`);
+      if ((e as { code?: unknown }).code === "ENOMEM") throw new DkiArgumentError(`contextSize ${contextSize}: ${(e as Error).message}`);
+      throw e;
     }
     return model;
   }
@@ -337,12 +338,13 @@ export class Model {
       if (typeof alpha !== "number" || !Number.isFinite(Math.fround(alpha)) || alpha < 0)
         throw new DkiArgumentError(`segments[${index}]: alpha must be a finite number >= 0 (as a 32-bit float, at most ~3.4e38), got ${shown(alpha)}`);
       if (scaling !== "value" && scaling !== "logit") throw new DkiArgumentError(`segment scaling must be "value" or "logit", got ${JSON.stringify(scaling)}`);
-      if (scaling === "logit" && alpha === 0)
-        throw new DkiArgumentError(`segments[${index}]: alpha 0 with logit scaling would add ln 0 = -inf to its scores; leave the segment out (or raise alphaThreshold above 0) instead`);
       if (s.kv.fingerprint !== this.info.fingerprint) throw new DkiArgumentError("a segment's K/V block was computed by another model (fingerprint mismatch)");
       // The rule is exactly "injected when α >= alphaThreshold": α = 0 with threshold 0 is
       // injected (value scaling: its columns keep their softmax share with zero values).
-      if (alpha >= threshold) kept.push({ index, kv: s.kv, alpha, scaling });
+      if (alpha < threshold) continue;
+      if (scaling === "logit" && alpha === 0)
+        throw new DkiArgumentError(`segments[${index}]: alpha 0 with logit scaling would add ln 0 = -inf to its scores; leave the segment out (or raise alphaThreshold above 0) instead`);
+      kept.push({ index, kv: s.kv, alpha, scaling });
     }
     const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
     // Before the remapped copies below: an injection the GPU cannot hold would otherwise first
