@@ -89,6 +89,23 @@ describe("decideGating", () => {
     }
   });
 
+  test("α = 0 follows the engine's rule: injected when alphaThreshold is 0 (forced or gated), left out at the default threshold", async () => {
+    const { calls, probe } = probeOf(0.5);
+    expect(await decideGating({ ...cfg, alphaThreshold: 0 }, { scores: [0.9], forceAlpha: 0 }, probe)).toMatchObject({ inject: true, alpha: 0, forced: true, reason: "α forced to 0.00 for 1 routed memory (top relevance 0.90)" });
+    expect(await decideGating(cfg, { scores: [0.9], forceAlpha: 0 }, probe)).toMatchObject({ inject: false, alpha: 0, forced: true, reason: "α forced to 0.00, below the injection threshold 0.10: nothing injected" });
+    expect(calls.n).toBe(0);
+    // Gated: α_max 0 clamps the formula's α to 0, which threshold 0 still injects.
+    const gated = await decideGating({ ...cfg, alphaMax: 0, alphaThreshold: 0 }, { scores: [0.9] }, probe);
+    expect(gated).toMatchObject({ inject: true, alpha: 0, forced: false, entropy: 0.5 });
+    expect((await decideGating({ ...cfg, alphaMax: 0 }, { scores: [0.9] }, probe)).inject).toBe(false);
+    // What may not be configured stays refused.
+    expect(() => resolveConfig({ gating: { alphaThreshold: -0.1 } })).toThrow("config.gating.alphaThreshold must be >= 0, got -0.1");
+    expect(() => resolveConfig({ gating: { alphaThreshold: NaN } })).toThrow("config.gating.alphaThreshold must be a finite number, got NaN");
+    expect(() => resolveConfig({ gating: { alphaMin: -0.1 } })).toThrow("config.gating.alphaMin must be in [0, 1], got -0.1");
+    expect(() => resolveConfig({ preferenceAlpha: Infinity })).toThrow("config.preferenceAlpha must be a finite number, got Infinity");
+    await expect(decideGating({ ...cfg, alphaThreshold: 0 }, { scores: [0.9], forceAlpha: -0.01 }, probe)).rejects.toThrow(/forceAlpha must be a number in \[0, 1\], got -0\.01/);
+  });
+
   test("entropyProbe false: no probe, Ĥ taken as ½, α from relevance alone", async () => {
     const { calls, probe } = probeOf(0.9);
     const d = await decideGating({ ...cfg, entropyProbe: false }, { scores: [0.7, 0.4] }, probe);

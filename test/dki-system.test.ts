@@ -146,6 +146,34 @@ describe("gating in the system", () => {
     }
   });
 
+  test("α = 0 at alphaThreshold 0 is injected (the engine's rule): the memory's columns keep their softmax share, so the logits differ from no memory", async () => {
+    const sys = await open({ ...bare, gating: { alphaThreshold: 0 } });
+    try {
+      const [mem] = await sys.memories.add(HIKING, { userId: "alice" });
+      const opts = { userId: "alice", sessionId: "z" };
+      const zero = await sys.logits(HIKING_Q, { ...opts, forceAlpha: 0 });
+      expect(zero.gating).toMatchObject({ forced: true, inject: true, alpha: 0 });
+      expect(zero.memoriesUsed.map((m) => m.id)).toEqual([mem!.id]);
+      expect(zero.tiers.map((b) => [b.kind, b.alpha])).toEqual([["memory", 0]]);
+      const without = await sys.logits(HIKING_Q, { ...opts, allowInjection: false });
+      expect(maxRowDiff(zero.logits, without.logits)).toBeGreaterThan(1e-4);
+      const turn = await sys.chat(HIKING_Q, { ...opts, forceAlpha: 0, maxNewTokens: 1 });
+      expect(turn.memoriesUsed.map((m) => m.id)).toEqual([mem!.id]);
+    } finally {
+      await sys.close();
+    }
+    // A preference block at preferenceAlpha 0 follows the same rule.
+    const withPrefs = await open({ ...bare, preferenceEnabled: true, preferenceAlpha: 0, gating: { alphaThreshold: 0 } });
+    try {
+      await withPrefs.preferences.add("short answers", { userId: "alice", type: "style" });
+      const r = await withPrefs.chat(HIKING_Q, { userId: "alice", sessionId: "p", maxNewTokens: 1 });
+      expect(r.metadata.hybridInjection).toMatchObject({ enabled: true, preferenceAlpha: 0 });
+      expect(r.cache.tiers.map((b) => [b.kind, b.alpha])).toEqual([["preferences", 0]]);
+    } finally {
+      await withPrefs.close();
+    }
+  });
+
   test("α grows with relevance: a closer query injects the same memory more strongly (entropy weight 0 to isolate it)", async () => {
     const sys = await open({ gating: { relevanceThreshold: 0, entropyWeight: 0 } });
     try {

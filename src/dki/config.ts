@@ -34,7 +34,10 @@ export interface GatingConfig {
   marginWeight: number;
   alphaMin: number;
   alphaMax: number;
-  /** Segments with α below this are not injected (the engine's cut-off; the output is then the plain model's). */
+  /**
+   * Blocks with α below this are not injected (the engine's cut-off; the output is then the plain
+   * model's); those with α ≥ it are, α = 0 included when it is 0.
+   */
   alphaThreshold: number;
   /**
    * Measure Ĥ (a prefill of the bare query, n_u tokens) when relevance lets memories in (default

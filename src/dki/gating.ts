@@ -14,9 +14,13 @@ import { DkiArgumentError } from "../errors.js";
 import type { GatingConfig } from "./config.js";
 
 export interface GatingDecision {
-  /** Whether the memories are injected (false also when α fell below the injection threshold). */
+  /**
+   * Whether the memories are injected: the engine's rule, α ≥ alphaThreshold (false also when α
+   * fell below it). α = 0 is injected when the threshold is 0: with value scaling the memory's
+   * columns keep their softmax share with zero values, so the output is not the plain model's.
+   */
   inject: boolean;
-  /** α of the memories (0 when nothing is injected). */
+  /** α of the memories (0 when nothing is injected; may also be 0 when injected at threshold 0). */
   alpha: number;
   /** s₁: the top fused score (0 when nothing was routed). */
   relevance: number;
@@ -69,7 +73,7 @@ export async function decideGating(cfg: GatingConfig, input: GatingInput, probeE
   if (input.forceAlpha !== undefined) {
     const a = input.forceAlpha;
     if (n === 0) return no(`α forced to ${f2(a)}, but no memory of this user matched the query`, { forced: true });
-    if (a < cfg.alphaThreshold || a === 0) return no(`α forced to ${f2(a)}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { forced: true });
+    if (a < cfg.alphaThreshold) return no(`α forced to ${f2(a)}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { forced: true });
     return { ...base, inject: true, alpha: a, forced: true, reason: `α forced to ${f2(a)} for ${routed} (top relevance ${f2(s1)})` };
   }
   if (n === 0) return no("no memory of this user matched the query");
@@ -81,6 +85,6 @@ export async function decideGating(cfg: GatingConfig, input: GatingInput, probeE
   const alpha = gateAlpha(cfg, { relevance: s1, margin: s1 - s2, entropy: h });
   const uncertainty = probed === null ? "entropy probe off (Ĥ taken as 0.50)" : `model entropy ${f2(h)} of its maximum`;
   const why = `top relevance ${f2(s1)} ≥ ${f2(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), ${uncertainty} → α = ${f2(alpha)}`;
-  if (alpha < cfg.alphaThreshold || alpha === 0) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: probed, alpha: 0 });
+  if (alpha < cfg.alphaThreshold) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: probed, alpha: 0 });
   return { ...base, entropy: probed, inject: true, alpha, reason: why };
 }

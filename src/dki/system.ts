@@ -441,7 +441,8 @@ export class DKISystem {
     }
     const specs: BlockSpec[] = [];
     const prefTokens = plan.preferences.text === "" ? [] : this.model.tokenizer.encode(plan.preferences.text, { addSpecialTokens: false });
-    const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold && c.preferenceAlpha > 0;
+    // The engine's rule: a block is injected exactly when its α ≥ alphaThreshold (α = 0 included at threshold 0).
+    const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold;
     if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
     for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, alpha: gating.alpha });
 
