@@ -64,6 +64,33 @@ export function emptyLatency(): LatencyBreakdown {
   return { queueMs: 0, routingMs: 0, promptMs: 0, gatingMs: 0, entropyProbeMs: 0, kvLoadMs: { L1: 0, L2: 0, L3: 0 }, kvComputeMs: 0, prefillMs: 0, decodeMs: 0, ttftMs: 0, recordMs: 0, totalMs: 0 };
 }
 
+/** Adds each stage of `l` to `into`'s. */
+export function addLatency(into: LatencyBreakdown, l: LatencyBreakdown): void {
+  for (const key of Object.keys(into) as (keyof LatencyBreakdown)[]) {
+    if (key === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) into.kvLoadMs[t] += l.kvLoadMs[t];
+    else into[key] += l[key];
+  }
+}
+
+/** Each stage's mean over `turns` turns whose stages add up to `sum` (all 0 for no turn). */
+export function meanLatency(sum: LatencyBreakdown, turns: number): LatencyBreakdown {
+  const mean = emptyLatency();
+  if (turns === 0) return mean;
+  for (const key of Object.keys(mean) as (keyof LatencyBreakdown)[]) {
+    if (key === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) mean.kvLoadMs[t] = sum.kvLoadMs[t] / turns;
+    else mean[key] = sum[key] / turns;
+  }
+  return mean;
+}
+
+/** Each block's load time to its stage: kvComputeMs when computed now (L4), else kvLoadMs of the tier that served it. */
+export function addBlockLoads(lat: LatencyBreakdown, blocks: readonly { tier: "L1" | "L2" | "L3" | "L4"; loadMs: number }[]): void {
+  for (const b of blocks) {
+    if (b.tier === "L4") lat.kvComputeMs += b.loadMs;
+    else lat.kvLoadMs[b.tier] += b.loadMs;
+  }
+}
+
 /** Times `fn`, adding its duration to the stage through `add`. */
 export async function timed<T>(add: (ms: number) => void, fn: () => Promise<T>): Promise<T> {
   const t0 = performance.now();

@@ -14,48 +14,29 @@
 // Preferences reach the model as K/V only, history as text only, and each segment's α is applied
 // once, by the engine. The system depends on the engine's public API (Model, TieredKVCache,
 // KVBlock) and the memory layer's MemoryStoreApi.
-import { resolve } from "node:path";
 import { performance } from "node:perf_hooks";
-import { Model, type InjectionOptions, type LoadOptions, type PositionStrategy, type Segment } from "../engine/model.js";
+import type { Model, InjectionOptions, PositionStrategy, Segment } from "../engine/model.js";
 import type { FinishReason, SamplingOptions } from "../engine/generate.js";
-import { TieredKVCache, type CacheBudgets, type CacheStats, type Tier } from "../cache/tiered-cache.js";
+import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
-import type { Embedder, MemoryStoreApi, SearchResult } from "../memory/types.js";
-import { MemoryStore } from "../memory/memory-store.js";
+import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
 import { assembleBlocks, type Assembly, type BlockSpec } from "./assembly.js";
-import { analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
-import { resolveConfig, type DKIConfig, type DKIConfigInput, type EncodingPrefix, type MemoryOrder } from "./config.js";
+import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, layerCostMs, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
+import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
+import { checkTurn, closeSystem, openSystem, type SystemOpenOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
 
-/** Opens the memory store a system reads and writes (the memory layer's MemoryStore by default). */
-export type StoreOpener = (o: { dir: string; embedder?: Embedder }) => Promise<MemoryStoreApi>;
-
-export interface DKISystemOptions {
-  /** A loaded model (the caller keeps owning it) or a model path (the system loads and disposes it). */
-  model: Model | string;
-  /** Used when `model` is a path. */
-  loadOptions?: LoadOptions;
-  /** The memory store's folder (the store keeps it to itself). */
-  dataDir: string;
-  /** The K/V cache's folder (default: `<dataDir>.kv-cache`, beside the store's). */
-  cacheDir?: string;
-  budgets?: Partial<CacheBudgets>;
-  embedder?: Embedder;
-  config?: DKIConfigInput;
+export interface DKISystemOptions extends SystemOpenOptions {
   /** Where history comes from (default: the session's recent messages, FlatHistoryProvider). */
   history?: (store: MemoryStoreApi) => HistoryProvider;
-  /** Opens the store (default: MemoryStore.open). */
-  openStore?: StoreOpener;
 }
 
 /** Sessions whose injected blocks clearSessionCache can find (the most recently active). */
 export const TRACKED_SESSIONS = 10_000;
-
-export const DEFAULT_BUDGETS: Readonly<CacheBudgets> = Object.freeze({ l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30 });
 
 export interface ChatOptions {
   userId: string;
@@ -204,26 +185,12 @@ export class DKISystem {
   }
 
   static async open(o: DKISystemOptions): Promise<DKISystem> {
-    if (o === null || typeof o !== "object") throw new DkiArgumentError("DKISystem.open needs { model, dataDir }");
-    if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError("DKISystem.open: dataDir must be a folder path");
-    if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError("DKISystem.open: model must be a loaded Model or a model path");
-    const config = resolveConfig(o.config);
-    const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
-    const opener = o.openStore ?? defaultStoreOpener;
-    const owns = typeof o.model === "string";
-    const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
-    const undo: (() => Promise<void>)[] = owns ? [async () => model.dispose()] : [];
-    try {
-      const cache = await TieredKVCache.open({ model, dir: o.cacheDir ?? defaultCacheDir(o.dataDir), budgets });
-      undo.push(() => cache.close());
-      const store = await opener({ dir: o.dataDir, embedder: o.embedder });
-      undo.push(() => store.close());
+    return openSystem("DKISystem", o, async (p) => {
+      const cache = await p.openCache();
+      const store = await p.openStore();
       const history = o.history ? o.history(store) : new FlatHistoryProvider(store);
-      return new DKISystem(model, owns, store, cache, config, history);
-    } catch (e) {
-      for (const u of undo.reverse()) await u().catch(() => {});
-      throw e;
-    }
+      return new DKISystem(p.model, p.ownsModel, store, cache, p.config, history);
+    });
   }
 
   /** The memory layer's API, scoped by the userId each call takes. */
@@ -322,9 +289,7 @@ export class DKISystem {
   }
 
   stats(): DKIStats {
-    const mean = emptyLatency();
-    if (this.turns > 0) addLatency(mean, this.latencySum, 1 / this.turns);
-    return { turns: this.turns, failedTurns: this.failedTurns, waiting: this.queue.size, meanLatency: mean, cache: this.cache.stats() };
+    return { turns: this.turns, failedTurns: this.failedTurns, waiting: this.queue.size, meanLatency: meanLatency(this.latencySum, this.turns), cache: this.cache.stats() };
   }
 
   /**
@@ -347,15 +312,7 @@ export class DKISystem {
     if (this.closed) return;
     this.closed = true;
     await Promise.allSettled([...this.inFlight]);
-    try {
-      await this.cache.close();
-    } finally {
-      try {
-        await this.store.close();
-      } finally {
-        if (this.ownsModel) this.model.dispose();
-      }
-    }
+    await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
   }
 
   private async tracked<T>(fn: () => Promise<T>): Promise<T> {
@@ -450,10 +407,7 @@ export class DKISystem {
     if (specs.length > 0) {
       t = performance.now();
       assembly = await assembleBlocks(this.cache, opts.userId, plan.prefix, specs);
-      for (const b of assembly.blocks) {
-        if (b.tier === "L4") lat.kvComputeMs += b.loadMs;
-        else lat.kvLoadMs[b.tier] += b.loadMs;
-      }
+      addBlockLoads(lat, assembly.blocks);
     }
     const segments: Segment[] = assembly?.segments ?? [];
     return {
@@ -571,27 +525,10 @@ function origins(p: Prepared): BlockOrigin[] {
 }
 
 function checkChat(query: unknown, opts: ChatOptions): void {
-  if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
-  if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
-  if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
-  if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+  checkTurn(query, opts);
   checkForceAlpha(opts.forceAlpha);
   if (opts.allowInjection !== undefined && typeof opts.allowInjection !== "boolean") throw new DkiArgumentError(`allowInjection must be true or false, got ${String(opts.allowInjection)}`);
   if (opts.systemPrompt !== undefined && typeof opts.systemPrompt !== "string") throw new DkiArgumentError("systemPrompt must be a string");
 }
 
-function addLatency(into: LatencyBreakdown, l: LatencyBreakdown, k = 1): void {
-  for (const key of Object.keys(into) as (keyof LatencyBreakdown)[]) {
-    if (key === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) into.kvLoadMs[t] += k * l.kvLoadMs[t];
-    else into[key] += k * l[key];
-  }
-}
-
 const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
-
-const defaultStoreOpener: StoreOpener = (o) => MemoryStore.open(o);
-
-/** Beside the store's folder, not in it: the store refuses a folder holding anything but its own files. */
-export function defaultCacheDir(dataDir: string): string {
-  return `${resolve(dataDir)}.kv-cache`;
-}

@@ -15,19 +15,18 @@
 // loses the attention between chunks and sees each start with its own prefix: expect lower answer
 // quality than text on such a model.
 import { performance } from "node:perf_hooks";
-import { Model, type LoadOptions, type Segment } from "../engine/model.js";
+import type { Model, Segment } from "../engine/model.js";
 import type { FinishReason, SamplingOptions } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
-import type { Embedder, Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
 import { assembleBlocks, type Assembly } from "../dki/assembly.js";
-import { analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
-import { resolveConfig, type DKIConfig, type DKIConfigInput } from "../dki/config.js";
+import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
+import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
-import { defaultCacheDir, type StoreOpener } from "../dki/system.js";
-import { MemoryStore } from "../memory/memory-store.js";
+import { checkTurn, closeSystem, openSystem, type SystemOpenOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
@@ -46,22 +45,15 @@ export interface RAGConfig {
 
 export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5 });
 
-export interface RAGSystemOptions {
-  /** A loaded model (the caller keeps owning it) or a model path (the system loads and disposes it). */
-  model: Model | string;
-  loadOptions?: LoadOptions;
-  dataDir: string;
-  embedder?: Embedder;
+/** DKISystem's open options (the same checks, model ownership and store opening), and: */
+export interface RAGSystemOptions extends SystemOpenOptions {
   /** The shared settings: maxMemories, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
   config?: DKIConfigInput;
   rag?: Partial<RAGConfig>;
-  /** Opens the store (default: MemoryStore.open, as DKISystem). */
-  openStore?: StoreOpener;
   /** A knowledge base for `collection` turns (the caller keeps owning it). */
   knowledgeBase?: KnowledgeBase;
   /** K/V cache folder for kbMode "kv" (default: DKISystem's, beside the store's folder; opened on the first kv turn). */
   cacheDir?: string;
-  budgets?: Partial<CacheBudgets>;
 }
 
 export interface RAGChatOptions {
@@ -157,21 +149,12 @@ export class RAGSystem {
   }
 
   static async open(o: RAGSystemOptions): Promise<RAGSystem> {
-    if (o === null || typeof o !== "object") throw new DkiArgumentError("RAGSystem.open needs { model, dataDir }");
-    if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError("RAGSystem.open: dataDir must be a folder path");
-    if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError("RAGSystem.open: model must be a loaded Model or a model path");
-    const config = resolveConfig(o.config);
-    const rag = resolveRagConfig(o.rag);
-    const owns = typeof o.model === "string";
-    const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
-    try {
-      const store = await (o.openStore ?? ((x) => MemoryStore.open(x)))({ dir: o.dataDir, embedder: o.embedder });
-      const budgets = { l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30, ...(o.budgets ?? {}) };
-      return new RAGSystem(model, owns, store, config, rag, o.knowledgeBase ?? null, o.cacheDir ?? defaultCacheDir(o.dataDir), budgets);
-    } catch (e) {
-      if (owns) model.dispose();
-      throw e;
-    }
+    return openSystem(
+      "RAGSystem",
+      o,
+      async (p, rag) => new RAGSystem(p.model, p.ownsModel, await p.openStore(), p.config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets),
+      () => resolveRagConfig(o.rag),
+    );
   }
 
   /** The memories a turn for this query would use (seed 000 §7.3: retrieval only, nothing generated or recorded). */
@@ -182,14 +165,7 @@ export class RAGSystem {
 
   /** Turns answered and failed, and the mean latency of each stage over the answered ones (seed 000 §7.4). */
   stats(): { turns: number; failedTurns: number; meanLatency: LatencyBreakdown } {
-    const mean = emptyLatency();
-    if (this.turns > 0) {
-      for (const k of Object.keys(mean) as (keyof LatencyBreakdown)[]) {
-        if (k === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) mean.kvLoadMs[t] = this.latencySum.kvLoadMs[t] / this.turns;
-        else mean[k] = this.latencySum[k] / this.turns;
-      }
-    }
-    return { turns: this.turns, failedTurns: this.failedTurns, meanLatency: mean };
+    return { turns: this.turns, failedTurns: this.failedTurns, meanLatency: meanLatency(this.latencySum, this.turns) };
   }
 
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
@@ -200,10 +176,7 @@ export class RAGSystem {
     try {
       const r = await p;
       this.turns++;
-      for (const k of Object.keys(this.latencySum) as (keyof LatencyBreakdown)[]) {
-        if (k === "kvLoadMs") for (const t of ["L1", "L2", "L3"] as const) this.latencySum.kvLoadMs[t] += r.latency.kvLoadMs[t];
-        else this.latencySum[k] += r.latency[k];
-      }
+      addLatency(this.latencySum, r.latency);
       return r;
     } catch (e) {
       this.failedTurns++;
@@ -360,10 +333,7 @@ export class RAGSystem {
     const scope = `kb:${kb[0].source.collection}`;
     const t = performance.now();
     const a = await assembleBlocks(this.cache, scope, prefix, kb.map((r) => ({ name: r.source.chunkId, tokens: tok.encode(`(source: ${sourceLabel(r.source)}) ${r.chunk.text}\n`, { addSpecialTokens: false }), alpha: 1 })));
-    for (const b of a.blocks) {
-      if (b.tier === "L4") lat.kvComputeMs += b.loadMs;
-      else lat.kvLoadMs[b.tier] += b.loadMs;
-    }
+    addBlockLoads(lat, a.blocks);
     if (a.blocks.length === 0) lat.kvComputeMs += performance.now() - t;
     return a;
   }
@@ -378,15 +348,7 @@ export class RAGSystem {
     if (this.closed) return;
     this.closed = true;
     await Promise.allSettled([...this.inFlight]);
-    try {
-      await this.cache?.close();
-    } finally {
-      try {
-        await this.store.close();
-      } finally {
-        if (this.ownsModel) this.model.dispose();
-      }
-    }
+    await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
   }
 }
 
@@ -400,10 +362,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
 }
 
 function checkChat(query: unknown, opts: RAGChatOptions): void {
-  if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
-  if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
-  if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
-  if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+  checkTurn(query, opts);
   if (opts.kbMode !== undefined && opts.kbMode !== "text" && opts.kbMode !== "kv") throw new DkiArgumentError(`kbMode must be "text" or "kv", got ${JSON.stringify(opts.kbMode)}`);
   if (opts.kbMode !== undefined && opts.collection === undefined) throw new DkiArgumentError("kbMode needs a collection");
   if (opts.kbTopK !== undefined && (!Number.isInteger(opts.kbTopK) || opts.kbTopK < 1 || opts.kbTopK > 100)) throw new DkiArgumentError(`kbTopK must be an integer from 1 to 100, got ${String(opts.kbTopK)}`);

@@ -1,0 +1,109 @@
+// The open and close sequences DKISystem and RAGSystem share: the options checked, the config
+// resolved, the model loaded (and owned) when given as a path, the store and the K/V cache opened,
+// and whatever was opened closed again, in reverse, when a later step fails.
+import { resolve } from "node:path";
+import { Model, type LoadOptions } from "../engine/model.js";
+import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
+import { DkiArgumentError } from "../errors.js";
+import type { Embedder, MemoryStoreApi } from "../memory/types.js";
+import { MemoryStore } from "../memory/memory-store.js";
+import { resolveConfig, type DKIConfig, type DKIConfigInput } from "./config.js";
+
+/** Opens the memory store a system reads and writes (the memory layer's MemoryStore by default). */
+export type StoreOpener = (o: { dir: string; embedder?: Embedder }) => Promise<MemoryStoreApi>;
+
+export const DEFAULT_BUDGETS: Readonly<CacheBudgets> = Object.freeze({ l1Bytes: 256 * 2 ** 20, l2Bytes: 512 * 2 ** 20, l3Bytes: 4 * 2 ** 30 });
+
+/** Beside the store's folder, not in it: the store refuses a folder holding anything but its own files. */
+export function defaultCacheDir(dataDir: string): string {
+  return `${resolve(dataDir)}.kv-cache`;
+}
+
+/** The options every system takes to open. */
+export interface SystemOpenOptions {
+  /** A loaded model (the caller keeps owning it) or a model path (the system loads and disposes it). */
+  model: Model | string;
+  /** Used when `model` is a path. */
+  loadOptions?: LoadOptions;
+  /** The memory store's folder (the store keeps it to itself). */
+  dataDir: string;
+  /** The K/V cache's folder (default: `<dataDir>.kv-cache`, beside the store's). */
+  cacheDir?: string;
+  budgets?: Partial<CacheBudgets>;
+  embedder?: Embedder;
+  config?: DKIConfigInput;
+  /** Opens the store (default: MemoryStore.open). */
+  openStore?: StoreOpener;
+}
+
+/** What openSystem hands the system being built. */
+export interface SystemParts {
+  model: Model;
+  ownsModel: boolean;
+  config: DKIConfig;
+  budgets: CacheBudgets;
+  cacheDir: string;
+  /** Opens the store; it is closed again if a later step fails. */
+  openStore(): Promise<MemoryStoreApi>;
+  /** Opens the K/V cache; it is closed again if a later step fails. */
+  openCache(): Promise<TieredKVCache>;
+}
+
+/**
+ * Checks `o` (naming `who`), resolves its config, runs `check` (the caller's own settings, still
+ * before any model is loaded), loads the model when given as a path, then `build`s the system.
+ * When `build` fails, what it opened (store, cache) and a model loaded here are closed, in reverse.
+ */
+export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOptions, build: (parts: SystemParts, checked: C) => Promise<T>, check?: () => C): Promise<T> {
+  if (o === null || typeof o !== "object") throw new DkiArgumentError(`${who}.open needs { model, dataDir }`);
+  if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError(`${who}.open: dataDir must be a folder path`);
+  if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError(`${who}.open: model must be a loaded Model or a model path`);
+  const config = resolveConfig(o.config);
+  const checked = check?.() as C;
+  const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
+  const cacheDir = o.cacheDir ?? defaultCacheDir(o.dataDir);
+  const ownsModel = typeof o.model === "string";
+  const model = typeof o.model === "string" ? await Model.load(o.model, o.loadOptions) : o.model;
+  const undo: (() => Promise<void>)[] = ownsModel ? [async () => model.dispose()] : [];
+  const undone = <X extends { close(): Promise<void> }>(x: X): X => (undo.push(() => x.close()), x);
+  try {
+    return await build(
+      {
+        model,
+        ownsModel,
+        config,
+        budgets,
+        cacheDir,
+        openStore: async () => undone(await (o.openStore ?? defaultStoreOpener)({ dir: o.dataDir, embedder: o.embedder })),
+        openCache: async () => undone(await TieredKVCache.open({ model, dir: cacheDir, budgets })),
+      },
+      checked,
+    );
+  } catch (e) {
+    for (const u of undo.reverse()) await u().catch(() => {});
+    throw e;
+  }
+}
+
+/** A system's close: the cache (L3 writes flushed), then the store, then the model if the system owns it, each whatever the one before did. */
+export async function closeSystem(cache: TieredKVCache | null, store: MemoryStoreApi, ownedModel: Model | null): Promise<void> {
+  try {
+    await cache?.close();
+  } finally {
+    try {
+      await store.close();
+    } finally {
+      ownedModel?.dispose();
+    }
+  }
+}
+
+/** The checks every system's turn starts with: a query, and options naming the user and the session. */
+export function checkTurn(query: unknown, opts: { userId: string; sessionId: string }): void {
+  if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
+  if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
+  if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
+  if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+}
+
+const defaultStoreOpener: StoreOpener = (o) => MemoryStore.open(o);
