@@ -14,8 +14,8 @@ import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.j
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
-import { snakeKeys } from "./chat.js";
-import { choiceOption, intOption, numberOption } from "./options.js";
+import { snakeKeys } from "./turn.js";
+import { choiceOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
 /** The bundled SmolLM2 tokenizer's folder, found by walking up to the package root. */
 export function bundledTokenizerDir(): string {
@@ -35,18 +35,6 @@ export function knowledgeBaseDir(data: string): string {
 export async function openKnowledgeBase(data: string, tokenizer?: string | Tokenizer): Promise<KnowledgeBase> {
   const tok = tokenizer instanceof Tokenizer ? tokenizer : await Tokenizer.fromFolder(tokenizer ?? bundledTokenizerDir());
   return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: new HashingEmbedder(), tokenizer: tok });
-}
-
-/** A JSON object from an option, or an error naming the option. */
-export function jsonObjectOption(name: string, text: string): Record<string, unknown> {
-  let v: unknown;
-  try {
-    v = JSON.parse(text);
-  } catch (e) {
-    throw new Error(`${name} is not valid JSON: ${(e as Error).message}`);
-  }
-  if (v === null || typeof v !== "object" || Array.isArray(v)) throw new Error(`${name} must be a JSON object`);
-  return v as Record<string, unknown>;
 }
 
 interface CommonFlags {

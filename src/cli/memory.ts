@@ -3,15 +3,15 @@
 // snake_case keys (--format json); a memory's metadata is printed as it was stored. Index
 // rebuilds and re-embedding are reported on stderr, never silently.
 import { existsSync } from "node:fs";
-import { resolve } from "node:path";
 import cliProgress from "cli-progress";
 import type { Command } from "commander";
 import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
+import { defaultCacheDir } from "../dki/open.js";
 import { OnnxEmbedder } from "../memory/embedders/onnx.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import type { ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
-import { choiceOption, intOption, numberOption } from "./options.js";
+import { choiceOption, intOption, jsonOption, numberOption } from "./options.js";
 
 type OutputFormat = "text" | "json";
 
@@ -19,15 +19,6 @@ interface StoreFlags {
   data: string;
   embedder?: string;
   reembed?: boolean;
-}
-
-/** A JSON value from an option, or an error naming the option. */
-function jsonOption(name: string, text: string): unknown {
-  try {
-    return JSON.parse(text) as unknown;
-  } catch (e) {
-    throw new Error(`${name} is not valid JSON: ${(e as Error).message}`);
-  }
 }
 
 /** Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a line on stderr. */
@@ -74,7 +65,7 @@ const oneLine = (s: string) => s.replace(/\s+/g, " ");
 /** The K/V cache folder for erasure: --cache, else `<data>.kv-cache` (where `dki chat` keeps it) when it exists. */
 function cacheFolder(data: string, cache?: string): string | undefined {
   if (cache !== undefined) return cache;
-  const beside = `${resolve(data)}.kv-cache`;
+  const beside = defaultCacheDir(data);
   return existsSync(beside) ? beside : undefined;
 }
 

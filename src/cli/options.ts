@@ -71,3 +71,19 @@ export function choiceOption<T extends string>(name: string, choices: readonly T
     return v as T;
   };
 }
+
+/** A JSON value from an option, or an error naming the option. */
+export function jsonOption(name: string, text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (e) {
+    throw new Error(`${name} is not valid JSON: ${(e as Error).message}`);
+  }
+}
+
+/** A JSON object from an option, or an error naming the option. */
+export function jsonObjectOption(name: string, text: string): Record<string, unknown> {
+  const v = jsonOption(name, text);
+  if (v === null || typeof v !== "object" || Array.isArray(v)) throw new Error(`${name} must be a JSON object`);
+  return v as Record<string, unknown>;
+}
