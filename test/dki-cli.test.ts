@@ -1,15 +1,12 @@
 // `dki chat`, run as a user runs it (node bin/dki.js, built by `npm test`'s tsc step): one answer
 // as JSON with the DKIResponse's fields in snake_case, one streamed with its summary line, the
 // interactive session's commands, and the usage errors.
-import { execFile, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
-import { repoRoot, tempDir } from "./support/paths.js";
-
-const run = promisify(execFile);
-const dki = (args: string[]) => run(process.execPath, [join(repoRoot, "bin", "dki.js"), ...args], { maxBuffer: 64 * 1024 * 1024 });
+import { dki, dkiBin, dkiFails } from "./support/dki-bin.js";
+import { tempDir } from "./support/paths.js";
 
 let model: string;
 let data: string;
@@ -55,7 +52,7 @@ describe("dki chat", () => {
   });
 
   test("interactive: /remember, /memories, /pref, an answer with its summary, a bad /forget reported without ending the session, /exit", async () => {
-    const child = spawn(process.execPath, [join(repoRoot, "bin", "dki.js"), "chat", "--model", model, "--data", data, "--user", "bob", "--session", "i", "-n", "3"], { stdio: ["pipe", "pipe", "pipe"] });
+    const child = spawn(process.execPath, [dkiBin, "chat", "--model", model, "--data", data, "--user", "bob", "--session", "i", "-n", "3"], { stdio: ["pipe", "pipe", "pipe"] });
     let out = "";
     let err = "";
     child.stdout.on("data", (d: Buffer) => (out += d.toString()));
@@ -74,14 +71,7 @@ describe("dki chat", () => {
   });
 
   test("usage errors are one line naming the flag", async () => {
-    const fails = async (args: string[]) => {
-      try {
-        await dki(["chat", "--model", model, "--data", data, "--user", "alice", ...args]);
-      } catch (e) {
-        return (e as { stderr: string }).stderr;
-      }
-      throw new Error("succeeded");
-    };
+    const fails = (args: string[]) => dkiFails(["chat", "--model", model, "--data", data, "--user", "alice", ...args]);
     expect(await fails(["--query", "hi", "--alpha", "0.5", "--no-memory"])).toBe("dki: give at most one of --alpha and --no-memory\n");
     expect(await fails(["--format", "json"])).toBe("dki: --format json prints one answer: give --query with it\n");
     expect(await fails(["--query", "hi", "--alpha", "1.5"])).toMatch(/^dki: option '--alpha <a>' argument '1\.5' is invalid\. --alpha must be a number in \[0, 1\], got "1\.5" \(see --help\)\n$/);

@@ -1,22 +1,10 @@
 // `dki kb` as a user runs it (node bin/dki.js, built by npm test's tsc step).
-import { execFile } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { beforeAll, describe, expect, test } from "vitest";
-import { repoRoot, tempDir } from "./support/paths.js";
+import { dki, dkiFails } from "./support/dki-bin.js";
+import { tempDir } from "./support/paths.js";
 import { makePdf } from "./support/pdf.js";
-
-const run = promisify(execFile);
-const dki = (args: string[]) => run(process.execPath, [join(repoRoot, "bin", "dki.js"), ...args]);
-async function fails(args: string[]): Promise<string> {
-  try {
-    await dki(args);
-  } catch (e) {
-    return (e as { stderr: string }).stderr;
-  }
-  throw new Error(`dki ${args.join(" ")} succeeded but should have failed`);
-}
 
 let files: string;
 let data: string;
@@ -31,7 +19,7 @@ beforeAll(() => {
 describe("dki kb", () => {
   test("ingest (a bad file reported, the others kept), search with a filter, list, rm", async () => {
     const args = ["--collection", "docs", "--data", data];
-    const err = await fails(["kb", "ingest", join(files, "guide.md"), join(files, "bad.pdf"), join(files, "report.pdf"), ...args, "--metadata", '{"category":"manual"}']);
+    const err = await dkiFails(["kb", "ingest", join(files, "guide.md"), join(files, "bad.pdf"), join(files, "report.pdf"), ...args, "--metadata", '{"category":"manual"}']);
     expect(err).toMatch(/bad\.pdf: is not a readable PDF/);
     expect(err).toMatch(/1 of 3 files not ingested/);
     const listed = JSON.parse((await dki(["kb", "list", ...args, "--format", "json"])).stdout) as { documents: { doc_id: string; chunks: number }[] };
@@ -44,14 +32,14 @@ describe("dki kb", () => {
     expect(found.results[0].source.heading_path).toEqual(["Guide", "Linux"]);
     const text = (await dki(["kb", "search", "revenue quarter", ...args, "--filter", '{"eq":{"docType":"pdf"}}'])).stdout;
     expect(text).toMatch(/^\[1\] [\d.]+ .*report\.pdf, p\. 1 \(chars 0-\d+\)\n {4}Revenue grew/);
-    expect(await fails(["kb", "search", "x", ...args, "--filter", '{"eq":{"colour":"red"}}'])).toMatch(/^dki: filter: unknown field "colour"/);
-    expect(await fails(["kb", "search", "x", ...args, "--filter", "{bad json"])).toMatch(/--filter is not valid JSON/);
-    expect(await fails(["kb", "search", "x", "--collection", "nope", "--data", data])).toMatch(/no collection "nope"; collections: docs/);
-    expect(await fails(["kb", "ingest", join(files, "notes.docx"), ...args])).toMatch(/unsupported document type "\.docx"/);
+    expect(await dkiFails(["kb", "search", "x", ...args, "--filter", '{"eq":{"colour":"red"}}'])).toMatch(/^dki: filter: unknown field "colour"/);
+    expect(await dkiFails(["kb", "search", "x", ...args, "--filter", "{bad json"])).toMatch(/--filter is not valid JSON/);
+    expect(await dkiFails(["kb", "search", "x", "--collection", "nope", "--data", data])).toMatch(/no collection "nope"; collections: docs/);
+    expect(await dkiFails(["kb", "ingest", join(files, "notes.docx"), ...args])).toMatch(/unsupported document type "\.docx"/);
 
     const id = listed.documents.find((d) => d.doc_id.endsWith("report.pdf"))!.doc_id;
     expect((await dki(["kb", "rm", id, ...args])).stdout).toBe(`removed ${id}\n`);
-    expect(await fails(["kb", "rm", id, ...args])).toMatch(/no document/);
+    expect(await dkiFails(["kb", "rm", id, ...args])).toMatch(/no document/);
     expect((await dki(["kb", "list", "--data", data])).stdout).toBe("docs\t1 documents\t2 chunks\n");
   });
 });

@@ -1,29 +1,15 @@
 // `dki memory`, `dki pref` and `dki user erase` as a user runs them (node bin/dki.js, built by npm
 // test's tsc step).
-import { execFile } from "node:child_process";
 import { readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { TieredKVCache } from "../src/cache/tiered-cache.js";
 import type { Model } from "../src/engine/model.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
 import { tinyModel, tokensFrom } from "./support/cache.js";
 import { locomoSample } from "./support/conversation-samples.js";
-import { repoRoot, tempDir } from "./support/paths.js";
-
-const run = promisify(execFile);
-const dki = (args: string[]) => run(process.execPath, [join(repoRoot, "bin", "dki.js"), ...args]);
-async function fails(args: string[]): Promise<string> {
-  try {
-    await dki(args);
-  } catch (e) {
-    const { stderr, code } = e as { stderr: string; code: number };
-    expect(code).toBe(1);
-    return stderr;
-  }
-  throw new Error(`dki ${args.join(" ")} succeeded but should have failed`);
-}
+import { dki, dkiFails } from "./support/dki-bin.js";
+import { tempDir } from "./support/paths.js";
 
 let model: Model;
 beforeAll(async () => {
@@ -55,16 +41,16 @@ test("memory add, search --format json, list, get, rm; bad input as one line and
   expect((await dki(["memory", "list", ...as("alice"), "--session", "s1"])).stdout).toBe(`${added.id}\tI like green tea in the morning\n`);
   expect((await dki(["memory", "get", added.id, ...as("alice")])).stdout).toContain("I like green tea in the morning");
 
-  expect(await fails(["memory", "get", added.id, ...as("bob")])).toBe(`dki: memory "${added.id}" not found for user "bob"\n`);
-  expect(await fails(["memory", "rm", added.id, ...as("bob")])).toBe(`dki: memory "${added.id}" not found for user "bob"\n`);
-  expect(await fails(["memory", "add", "x", ...as("alice"), "--metadata", "{nope"])).toMatch(/^dki: --metadata is not valid JSON: .*\n$/);
-  expect(await fails(["memory", "add", "x", ...as("alice"), "--metadata", "[1]"])).toBe("dki: metadata must be a JSON object, got an array\n");
-  expect(await fails(["memory", "add", "   ", ...as("alice")])).toBe("dki: text is empty\n");
-  expect(await fails(["memory", "search", "tea", ...as("alice"), "--limit", "0"])).toMatch(/^dki: .*--limit must be an integer in \[1, 1000\], got "0"/);
-  expect(await fails(["memory", "list", "--data", data])).toMatch(/^dki: .*--user/);
+  expect(await dkiFails(["memory", "get", added.id, ...as("bob")])).toBe(`dki: memory "${added.id}" not found for user "bob"\n`);
+  expect(await dkiFails(["memory", "rm", added.id, ...as("bob")])).toBe(`dki: memory "${added.id}" not found for user "bob"\n`);
+  expect(await dkiFails(["memory", "add", "x", ...as("alice"), "--metadata", "{nope"])).toMatch(/^dki: --metadata is not valid JSON: .*\n$/);
+  expect(await dkiFails(["memory", "add", "x", ...as("alice"), "--metadata", "[1]"])).toBe("dki: metadata must be a JSON object, got an array\n");
+  expect(await dkiFails(["memory", "add", "   ", ...as("alice")])).toBe("dki: text is empty\n");
+  expect(await dkiFails(["memory", "search", "tea", ...as("alice"), "--limit", "0"])).toMatch(/^dki: .*--limit must be an integer in \[1, 1000\], got "0"/);
+  expect(await dkiFails(["memory", "list", "--data", data])).toMatch(/^dki: .*--user/);
   const other = tempDir();
   writeFileSync(join(other, "notes.txt"), "mine");
-  expect(await fails(["memory", "list", "--data", other, "--user", "u"])).toMatch(/^dki: .* is not a memory store folder: it holds notes\.txt/);
+  expect(await dkiFails(["memory", "list", "--data", other, "--user", "u"])).toMatch(/^dki: .* is not a memory store folder: it holds notes\.txt/);
 
   await dki(["memory", "rm", added.id, ...as("alice")]);
   expect((await dki(["memory", "history", added.id, ...as("alice")])).stdout).toMatch(/memory_add\n.*memory_delete\n$/);
@@ -76,15 +62,15 @@ test("pref add/list/rm, memory import, user erase clearing the K/V cache beside 
   const pref = JSON.parse((await dki(["pref", "add", "vegetarian", "--type", "dietary", "--priority", "5", "--category", "food", ...as("conv-26"), "--format", "json"])).stdout) as { id: string };
   await dki(["pref", "add", "short answers", "--type", "style", ...as("conv-26")]);
   expect((await dki(["pref", "list", ...as("conv-26")])).stdout).toMatch(new RegExp(`^${pref.id}\\t5\\tdietary\\tvegetarian\\n.*\\t0\\tstyle\\tshort answers\\n$`));
-  expect(await fails(["pref", "add", "x", ...as("conv-26")])).toMatch(/required option '--type <type>'/);
+  expect(await dkiFails(["pref", "add", "x", ...as("conv-26")])).toMatch(/required option '--type <type>'/);
 
   const file = join(tempDir(), "locomo.json");
   writeFileSync(file, JSON.stringify(locomoSample().slice(0, 1)));
   // conv-26 has preferences, so it exists: the import is refused and nothing written.
-  expect(await fails(["memory", "import", file, "--data", data, "--format", "locomo"])).toMatch(/user "conv-26" already exists in the store; erase it first/);
+  expect(await dkiFails(["memory", "import", file, "--data", data, "--format", "locomo"])).toMatch(/user "conv-26" already exists in the store; erase it first/);
   const bad = join(tempDir(), "bad.json");
   writeFileSync(bad, JSON.stringify([{ sample_id: "x", conversation: { session_1: [{ speaker: "A", text: "hi" }] } }]));
-  expect(await fails(["memory", "import", bad, "--data", data])).toBe(`dki: ${bad}: [0].conversation.session_1[0].dia_id: expected a string, got nothing (missing)\n`);
+  expect(await dkiFails(["memory", "import", bad, "--data", data])).toBe(`dki: ${bad}: [0].conversation.session_1[0].dia_id: expected a string, got nothing (missing)\n`);
 
   // K/V blocks of two users in the cache folder `dki chat` uses; erase clears one user's only.
   const cacheDir = `${data}.kv-cache`;
@@ -110,7 +96,7 @@ test("pref add/list/rm, memory import, user erase clearing the K/V cache beside 
   // Now conv-26 is gone, the import goes through.
   const summary = JSON.parse((await dki(["memory", "import", file, "--data", data, "--format", "locomo"])).stdout) as unknown;
   expect(summary).toEqual({ format: "locomo", users: [{ user_id: "conv-26", memories: 7 }], memories: 7 });
-  expect(await fails(["user", "erase", "conv-26", "--data", data, "--cache", join(tempDir(), "nope")])).toMatch(/--cache .*nope: no such folder/);
+  expect(await dkiFails(["user", "erase", "conv-26", "--data", data, "--cache", join(tempDir(), "nope")])).toMatch(/--cache .*nope: no such folder/);
 });
 
 test("an index rebuilt from the store is reported on stderr", async () => {

@@ -1,24 +1,12 @@
 // `dki rag` and `dki chat --mode rag` as a user runs them (node bin/dki.js), on a generated model,
 // the real memory store and a knowledge-base collection made with `dki kb ingest`.
-import { execFile } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { beforeAll, describe, expect, test } from "vitest";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
-import { repoRoot, tempDir } from "./support/paths.js";
-
-const run = promisify(execFile);
-const dki = (args: string[]) => run(process.execPath, [join(repoRoot, "bin", "dki.js"), ...args]);
-async function fails(args: string[]): Promise<string> {
-  try {
-    await dki(args);
-  } catch (e) {
-    return (e as { stderr: string }).stderr;
-  }
-  throw new Error(`dki ${args.join(" ")} succeeded but should have failed`);
-}
+import { dki, dkiFails } from "./support/dki-bin.js";
+import { tempDir } from "./support/paths.js";
 
 let model: string;
 let data: string;
@@ -59,11 +47,11 @@ describe("dki rag", () => {
 
   test("bad flags are refused by name", async () => {
     const base = ["--model", model, "--data", data, "--user", "alice"];
-    expect(await fails(["rag", ...base, "--kb-mode", "kv", "--query", "q"])).toMatch(/--kb-mode needs --collection/);
-    expect(await fails(["rag", ...base, "--collection", "nope", "--query", "q"])).toMatch(/no collection "nope"; collections: hb/);
-    expect(await fails(["rag", ...base, "--collection", "hb", "--filter", '{"eq":{"colour":"x"}}', "--query", "q"])).toMatch(/unknown field "colour"/);
-    expect(await fails(["rag", ...base, "--format", "json"])).toMatch(/--format json prints one answer/);
-    expect(await fails(["chat", "--mode", "rag", "--alpha", "0.5", ...base, "--query", "q"])).toMatch(/--alpha applies to --mode dki only/);
-    expect(await fails(["rag", ...base, "--kb-mode", "html", "--query", "q"])).toMatch(/--kb-mode/);
+    expect(await dkiFails(["rag", ...base, "--kb-mode", "kv", "--query", "q"])).toMatch(/--kb-mode needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--collection", "nope", "--query", "q"])).toMatch(/no collection "nope"; collections: hb/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--filter", '{"eq":{"colour":"x"}}', "--query", "q"])).toMatch(/unknown field "colour"/);
+    expect(await dkiFails(["rag", ...base, "--format", "json"])).toMatch(/--format json prints one answer/);
+    expect(await dkiFails(["chat", "--mode", "rag", "--alpha", "0.5", ...base, "--query", "q"])).toMatch(/--alpha applies to --mode dki only/);
+    expect(await dkiFails(["rag", ...base, "--kb-mode", "html", "--query", "q"])).toMatch(/--kb-mode/);
   });
 });
