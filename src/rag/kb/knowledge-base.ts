@@ -13,7 +13,7 @@ import { open, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../../errors.js";
 import { ScopedHybridIndex, type HybridHit, type HybridQuery, type HybridSearchOptions, type IndexedDocument, type RebuildReport, type SavedIndex } from "../../memory/retrieval/scoped-index.js";
 import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.js";
-import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer } from "./chunk.js";
+import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer, type TextChunk } from "./chunk.js";
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
 import { searchKnowledgeBase, type KbSearchDetail, type KbSearchOptions, type KbSearchResult } from "./search.js";
@@ -73,17 +73,11 @@ export interface KbDocument {
   ingestedAt: number;
 }
 
-export interface KbChunk {
+/** A stored chunk: the chunker's TextChunk, and where it belongs. */
+export interface KbChunk extends TextChunk {
   id: string;
   collection: string;
   docId: string;
-  index: number;
-  text: string;
-  start: number;
-  end: number;
-  tokenCount: number;
-  headingPath: string[];
-  page?: number;
 }
 
 export interface IngestOptions {
