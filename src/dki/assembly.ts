@@ -8,6 +8,23 @@
 import type { Segment } from "../engine/model.js";
 import type { BlockRequest, CacheHit, Tier } from "../cache/tiered-cache.js";
 
+/** What an encoding prefix needs of a tokenizer; `Tokenizer` has it. */
+export interface PrefixTokenizer {
+  bosId: number | null;
+  encode(text: string, o: { addSpecialTokens: boolean }): number[];
+  applyChatTemplate(messages: { role: "system"; content: string }[], o?: { addGenerationPrompt?: boolean }): string;
+}
+
+/** The system prompt as the chat template's system turn alone, in tokens (no generation prompt). */
+export function systemTurnTokens(tok: PrefixTokenizer, systemPrompt: string): number[] {
+  return tok.encode(tok.applyChatTemplate([{ role: "system", content: systemPrompt }], { addGenerationPrompt: false }), { addSpecialTokens: false });
+}
+
+/** BOS (when the model has one) then `tokens`, BOS not doubled when they begin with it (a chat template may write its own). */
+export function afterBos(tok: Pick<PrefixTokenizer, "bosId">, tokens: number[]): number[] {
+  return tok.bosId !== null && tokens[0] !== tok.bosId ? [tok.bosId, ...tokens] : tokens;
+}
+
 /** What assembly needs of a cache; `TieredKVCache` has it. */
 export interface BlockSource {
   get(req: BlockRequest): Promise<CacheHit>;

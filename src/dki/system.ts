@@ -20,7 +20,7 @@ import type { FinishReason, SamplingOptions } from "../engine/generate.js";
 import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
-import { assembleBlocks, type Assembly, type BlockSpec } from "./assembly.js";
+import { afterBos, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
 import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, layerCostMs, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
 import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
@@ -427,10 +427,7 @@ export class DKISystem {
     const mode = this.config.encodingPrefix;
     if (mode === "none") return [];
     if (mode === "bos" || !systemPrompt) return bos;
-    if (useTemplate) {
-      const sys = tok.encode(tok.applyChatTemplate([{ role: "system", content: systemPrompt }], { addGenerationPrompt: false }), { addSpecialTokens: false });
-      return bos.length > 0 && sys[0] !== bos[0] ? [...bos, ...sys] : sys;
-    }
+    if (useTemplate) return afterBos(tok, systemTurnTokens(tok, systemPrompt));
     return [...bos, ...tok.encode(`${systemPrompt}\n\n`, { addSpecialTokens: false })];
   }
 

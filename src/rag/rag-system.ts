@@ -20,7 +20,7 @@ import type { FinishReason, SamplingOptions } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
-import { assembleBlocks, type Assembly } from "../dki/assembly.js";
+import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
 import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
@@ -326,9 +326,8 @@ export class RAGSystem {
   private async kvChunks(kb: KbSearchResult[], systemPrompt: string, layout: PromptLayout, lat: LatencyBreakdown): Promise<Assembly> {
     if (this.cache === null) this.cache = await TieredKVCache.open({ model: this.model, dir: this.cacheDir, budgets: this.budgets });
     const tok = this.model.tokenizer;
-    const bos = tok.bosId !== null ? [tok.bosId] : [];
-    const sys = systemPrompt === "" ? [] : layout === "chat" ? tok.encode(tok.applyChatTemplate([{ role: "system", content: systemPrompt }]), { addSpecialTokens: false }) : tok.encode(`System: ${systemPrompt}\n\n`, { addSpecialTokens: false });
-    const prefix = bos.length > 0 && sys[0] !== bos[0] ? [...bos, ...sys] : sys;
+    const sys = systemPrompt === "" ? [] : layout === "chat" ? systemTurnTokens(tok, systemPrompt) : tok.encode(`System: ${systemPrompt}\n\n`, { addSpecialTokens: false });
+    const prefix = afterBos(tok, sys);
     // Chunk blocks are shared knowledge, not a user's memory: one cache scope per collection.
     const scope = `kb:${kb[0].source.collection}`;
     const t = performance.now();
