@@ -6,7 +6,6 @@
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import cliProgress from "cli-progress";
 import type { Command } from "commander";
 import { HashingEmbedder } from "../memory/embedders/hashing.js";
 import type { Filter } from "../memory/types.js";
@@ -14,7 +13,7 @@ import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.j
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
-import { snakeKeys } from "./turn.js";
+import { snakeKeys, stderrBar } from "./output.js";
 import { choiceOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
 /** The bundled SmolLM2 tokenizer's folder, found by walking up to the package root. */
@@ -54,7 +53,7 @@ async function withKb<T>(flags: CommonFlags, fn: (kb: KnowledgeBase) => Promise<
 async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; format: "text" | "json" }): Promise<void> {
   const metadata = flags.metadata === undefined ? undefined : (jsonObjectOption("--metadata", flags.metadata) as DocumentMetadata);
   await withKb(flags, async (kb) => {
-    const bar = process.stderr.isTTY ? new cliProgress.SingleBar({ stream: process.stderr, format: `ingesting [{bar}] {value}/{total} | {file}`, hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic) : null;
+    const bar = stderrBar("ingesting [{bar}] {value}/{total} | {file}");
     bar?.start(paths.length, 0, { file: "" });
     const results = [];
     let failed = 0;

@@ -3,7 +3,6 @@
 // snake_case keys (--format json); a memory's metadata is printed as it was stored. Index
 // rebuilds and re-embedding are reported on stderr, never silently.
 import { existsSync } from "node:fs";
-import cliProgress from "cli-progress";
 import type { Command } from "commander";
 import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
 import { defaultCacheDir } from "../dki/open.js";
@@ -11,6 +10,7 @@ import { OnnxEmbedder } from "../memory/embedders/onnx.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import type { ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
+import { stderrBar } from "./output.js";
 import { choiceOption, intOption, jsonOption, numberOption } from "./options.js";
 
 type OutputFormat = "text" | "json";
@@ -24,7 +24,7 @@ interface StoreFlags {
 /** Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a line on stderr. */
 async function withStore<T>(flags: StoreFlags, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
   const embedder = flags.embedder === undefined ? undefined : await OnnxEmbedder.load(flags.embedder);
-  const bar = process.stderr.isTTY ? new cliProgress.SingleBar({ stream: process.stderr, format: "re-embedding [{bar}] {value}/{total} memories", hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic) : null;
+  const bar = stderrBar("re-embedding [{bar}] {value}/{total} memories");
   let started = false;
   const store = await MemoryStore.open({
     dir: flags.data,
@@ -157,7 +157,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--format <format>", "the file's format: locomo, longmemeval or auto", choiceOption("--format", ["locomo", "longmemeval", "auto"] as const), "auto")
     .action((file: string, f: StoreFlags & { format: ImportFormat }) =>
       withStore(f, async (s) => {
-        const bar = process.stderr.isTTY ? new cliProgress.SingleBar({ stream: process.stderr, format: "importing [{bar}] {value}/{total} conversations", hideCursor: true, clearOnComplete: true }, cliProgress.Presets.shades_classic) : null;
+        const bar = stderrBar("importing [{bar}] {value}/{total} conversations");
         const r = await s.importConversations(file, {
           format: f.format,
           onProgress: (done, total) => (done === 0 ? bar?.start(total, 0) : bar?.update(done)),

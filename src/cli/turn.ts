@@ -4,6 +4,7 @@
 import { createInterface } from "node:readline";
 import type { Command } from "commander";
 import { choiceOption, intOption } from "./options.js";
+import { snakeKeys } from "./output.js";
 
 /** The flags of a chat-like command. */
 export interface TurnFlags {
@@ -19,15 +20,6 @@ export interface TurnFlags {
   maxTokens: number;
   threads?: number;
   contextSize?: number;
-}
-
-/** camelCase keys → snake_case, recursively; keys without a lower-case letter ("L1") stay. */
-export function snakeKeys(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(snakeKeys);
-  if (v === null || typeof v !== "object") return typeof v === "number" && !Number.isInteger(v) ? Number(v.toFixed(4)) : v;
-  const out: Record<string, unknown> = {};
-  for (const [k, x] of Object.entries(v)) out[/[a-z]/.test(k) ? k.replace(/([a-z0-9])([A-Z])/g, "$1_$2").toLowerCase() : k] = snakeKeys(x);
-  return out;
 }
 
 /** The checks of the flags every chat-like command takes. */
