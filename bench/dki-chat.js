@@ -8,6 +8,7 @@
 //     L3-warm turn within 1.3× of an L1-warm one.
 // Usage: node bench/dki-chat.js [--quick] [--presets smollm2-135m,llama-1b]
 //   (--quick: 5 turns a row instead of 20, and 1,000 memories left out)
+import os from "node:os";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +19,7 @@ import { benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
 
 const quick = process.argv.includes("--quick");
+const loadAtStart = os.loadavg()[0];
 const presetArg = process.argv.find((a, i) => process.argv[i - 1] === "--presets");
 const presets = presetArg ? presetArg.split(",") : ["smollm2-135m", "llama-1b"];
 const TURNS = quick ? 5 : 20;
@@ -153,7 +155,7 @@ const notes = [
   "layer ms = total − prefill − decode − K/V computes − queue wait − entropy probe: routing (hashing embedder + HNSW + BM25 in the memory store), gating logic, cache lookups, prompt rendering and tokenising, the turn's record (one durable store transaction). own ms = layer ms less routing and record (the memory store's search and write): what src/dki itself costs.",
   "The entropy probe is a prefill of the bare query (n_u tokens, no template, no memory), not of the prompt: reported in its own column.",
   "TTFT (median) is from the chat() call to the first token, 3 memories of ~100 tokens injected. One system per tier, turns interleaved across tiers: L3 reopens its system before each turn (a new process's view: int8 files only); L2 runs with a 1-byte L1 so every block comes back from L2; L4 drops the blocks before each turn; 'probe off' is L1 with gating.entropyProbe false.",
-  "Shared 2-core machine: other engineers were building and testing during the run, so single rows are noisy; compare within a row.",
+  `Load average (1 min) ${loadAtStart.toFixed(1)} at the start and ${os.loadavg()[0].toFixed(1)} at the end, on ${os.cpus().length} cores (the benchmark keeps 2 threads busy; more than that means other work shared the machine and single rows are noisier: compare within a row).`,
 ];
 writeResults("dki-chat-layer-cpu", { machine: m, rows: layerRows, columns: Object.keys(layerRows[0]), notes });
 writeResults("dki-chat-ttft-cpu", { machine: m, rows: tierRows, columns: Object.keys(tierRows[0]), notes });
