@@ -13,7 +13,7 @@
 //   store): its first user's turns as memories, its last turn as the query, on the first preset;
 //   results to dki-vs-rag-conversation-cpu.md
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Model, native } from "../dist/src/index.js";
 import { DKISystem, analyzeBudget } from "../dist/src/dki/index.js";
@@ -27,6 +27,9 @@ import { writeLinePlot } from "./lib/plot.js";
 // "--name value" or "--name=value" (bench/run.js passes only arguments that start with --).
 const arg = (name) => process.argv.find((a, i) => process.argv[i - 1] === name) ?? process.argv.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);
 const quick = process.argv.includes("--quick");
+const loadAtStart = loadavg()[0];
+/** The machine's load over the run: the bench keeps 2 threads busy; more means other work shared the cores. */
+const loadNote = () => `Load average (1 min) ${loadAtStart.toFixed(1)} at the start and ${loadavg()[0].toFixed(1)} at the end (the benchmark keeps 2 threads busy; more than that means other work shared the machine and rows are noisier).`;
 const presets = (arg("--presets") ?? "smollm2-135m,llama-1b").split(",");
 const REPS = quick ? 2 : 3;
 const MEMORY_TOKENS = 256; // each memory; a size of S tokens is S / 256 memories
@@ -214,7 +217,7 @@ if (rows.length > 0) {
       "Attention scores of the prefill: RAG (n_m + n_u)², DKI n_u·(n_m + n_u), with n_m the memory tokens reaching the model and n_u the other prompt tokens.",
       "Peak RSS: the process's high-water mark during the turn (reset before it); the model and every earlier allocation are in it, so it shows growth, not the turn's own memory.",
       `RAG TTFT / warm (L1) DKI TTFT: ${ratios.join(", ")}.`,
-      "The machine (2 cores) was shared with other engineers' builds and tests while this ran: expect noise of tens of percent between rows.",
+      loadNote(),
       `Plots: ${plots.map((p) => p.png.split("/").pop()).join(", ")} (Vega-Lite specs and SVG beside them).`,
     ],
   });
@@ -278,7 +281,7 @@ if (conversation) {
     rows: convRows,
     notes: [
       `${format} file ${conversation.split("/").pop()}: user ${first.userId}, ${first.turns.length} turns imported as memories; query: its last turn ("${query.slice(0, 80)}${query.length > 80 ? "…" : ""}"); maxMemories ${maxMemories} for both systems; ${preset} shape, random F16 weights; mean of ${REPS} turns (DKI cold: 1).`,
-      "The machine (2 cores) was shared with other engineers' builds and tests while this ran.",
+      loadNote(),
     ],
   });
 }
