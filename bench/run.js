@@ -1,4 +1,6 @@
-// npm run bench [-- NAME...]: runs the named suites (default: all) one after another.
+// npm run bench [-- NAME... [--FLAG [VALUE]]...]: runs the named suites (default: all) one after
+// another, each with the flags. Names come first; from the first flag on, everything is passed
+// through, so a flag's value (--presets smollm2-135m) is not read as a suite name.
 import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -8,8 +10,9 @@ const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.j
 // The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh).
 const defaults = ["engine", "injection", "cache", "cache-burst", "peak-rss", "memory", "dki-chat", "dki-vs-rag"];
 const args = process.argv.slice(2);
-const names = args.filter((a) => !a.startsWith("--"));
-const flags = args.filter((a) => a.startsWith("--"));
+const firstFlag = args.findIndex((a) => a.startsWith("--"));
+const names = firstFlag < 0 ? args : args.slice(0, firstFlag);
+const flags = firstFlag < 0 ? [] : args.slice(firstFlag);
 for (const name of names.length ? names : defaults) {
   const file = suites[name];
   if (!file) {
