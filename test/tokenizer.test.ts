@@ -11,10 +11,10 @@ import { readHfFolder } from "../src/formats/hf-folder.js";
 import { MAX_JSON_FILE_BYTES } from "../src/formats/json-file.js";
 import { renderChat, selectChatTemplate, type ChatMessage } from "../src/tokenizer/chat-template.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
-import { hfLlamaTiny, smollm2Tokenizer, tempDir } from "./support/paths.js";
+import { fixtures, hfLlamaTiny, smollm2Tokenizer, tempDir } from "./support/paths.js";
 
 const smolJson = join(smollm2Tokenizer, "tokenizer.json");
-const minilmDir = "/work/shared/testdata/all-minilm-l6-v2";
+const minilmDir = join(fixtures, "minilm-tokenizer"); // the all-MiniLM-L6-v2 tokenizer files (see its README)
 
 // ---------------------------------------------------------------------------------------------
 // An independent, minimal byte-level BPE (GPT-2 style) over the same tokenizer.json, to derive
