@@ -7,6 +7,7 @@ import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Embedder, MemoryStoreApi } from "../memory/types.js";
 import { MemoryStore } from "../memory/memory-store.js";
+import { addLatency, emptyLatency, meanLatency, type LatencyBreakdown } from "./budget.js";
 import { resolveConfig, type DKIConfig, type DKIConfigInput } from "./config.js";
 
 /** Opens the memory store a system reads and writes (the memory layer's MemoryStore by default). */
@@ -95,6 +96,62 @@ export async function closeSystem(cache: TieredKVCache | null, store: MemoryStor
     } finally {
       ownedModel?.dispose();
     }
+  }
+}
+
+/**
+ * What both systems keep about their calls: whether the system is closed, the calls in flight
+ * (close() waits for them), and the turns answered and failed with their summed latency.
+ */
+export class TurnLedger {
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly latencySum = emptyLatency();
+  private closed = false;
+  private turns = 0;
+  private failedTurns = 0;
+
+  constructor(private readonly systemName: string) {}
+
+  /** Refuses a call once the system is closed. */
+  checkOpen(): void {
+    if (this.closed) throw new DkiArgumentError(`this ${this.systemName} has been closed`);
+  }
+
+  /** Runs a call as one in flight (refused once closed). */
+  async track<T>(fn: () => Promise<T>): Promise<T> {
+    this.checkOpen();
+    const p = fn();
+    this.inFlight.add(p);
+    try {
+      return await p;
+    } finally {
+      this.inFlight.delete(p);
+    }
+  }
+
+  /** Counts a turn: answered (its latency summed) or failed (the error passed on). */
+  async count<T extends { latency: LatencyBreakdown }>(fn: () => Promise<T>): Promise<T> {
+    try {
+      const r = await fn();
+      this.turns++;
+      addLatency(this.latencySum, r.latency);
+      return r;
+    } catch (e) {
+      this.failedTurns++;
+      throw e;
+    }
+  }
+
+  stats(): { turns: number; failedTurns: number; meanLatency: LatencyBreakdown } {
+    return { turns: this.turns, failedTurns: this.failedTurns, meanLatency: meanLatency(this.latencySum, this.turns) };
+  }
+
+  /** Marks the system closed and waits for its calls in flight; false when it was closed already. */
+  async close(): Promise<boolean> {
+    if (this.closed) return false;
+    this.closed = true;
+    await Promise.allSettled([...this.inFlight]);
+    return true;
   }
 }
 

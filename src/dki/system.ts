@@ -21,11 +21,11 @@ import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
-import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, layerCostMs, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
+import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
 import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
-import { checkTurn, closeSystem, openSystem, type SystemOpenOptions } from "./open.js";
+import { checkTurn, closeSystem, openSystem, TurnLedger, type SystemOpenOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
@@ -166,12 +166,8 @@ interface Prepared {
 export class DKISystem {
   private readonly queue = new FairQueue();
   private readonly counter: TokenCounter;
-  private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly ledger = new TurnLedger("DKISystem");
   private readonly sessionKeys = new Map<string, Set<string>>();
-  private closed = false;
-  private turns = 0;
-  private failedTurns = 0;
-  private readonly latencySum = emptyLatency();
 
   private constructor(
     readonly model: Model,
@@ -212,11 +208,11 @@ export class DKISystem {
    * fails or its signal aborts it; other users' turns go on.
    */
   async chat(query: string, opts: ChatOptions): Promise<DKIResponse> {
-    return this.tracked(async () => {
+    return this.ledger.track(async () => {
       const t0 = performance.now();
       checkChat(query, opts);
       const lat = emptyLatency();
-      try {
+      return this.ledger.count(async () => {
         const plan = await this.plan(query, opts, lat);
         let ttftAt = 0;
         const onToken = (text: string, id: number) => {
@@ -252,13 +248,8 @@ export class DKISystem {
         lat.totalMs = performance.now() - t0;
         response.metadata.layerMs = layerCostMs(lat);
         this.noteKeys(opts.sessionId, prepared.assembly);
-        this.turns++;
-        addLatency(this.latencySum, lat);
         return response;
-      } catch (e) {
-        this.failedTurns++;
-        throw e;
-      }
+      });
     });
   }
 
@@ -268,7 +259,7 @@ export class DKISystem {
    * against running the memory as text.
    */
   async logits(query: string, opts: Omit<ChatOptions, "onToken" | "maxNewTokens" | "sampling" | "stop">): Promise<{ logits: Float32Array[]; promptTokens: number[]; gating: GatingDecision; memoriesUsed: MemoryUsed[]; tiers: BlockOrigin[] }> {
-    return this.tracked(async () => {
+    return this.ledger.track(async () => {
       checkChat(query, opts);
       const lat = emptyLatency();
       const plan = await this.plan(query, opts, lat);
@@ -289,7 +280,7 @@ export class DKISystem {
   }
 
   stats(): DKIStats {
-    return { turns: this.turns, failedTurns: this.failedTurns, waiting: this.queue.size, meanLatency: meanLatency(this.latencySum, this.turns), cache: this.cache.stats() };
+    return { ...this.ledger.stats(), waiting: this.queue.size, cache: this.cache.stats() };
   }
 
   /**
@@ -309,21 +300,7 @@ export class DKISystem {
 
   /** Waits for the turns in flight, then closes the cache (L3 writes flushed) and the store. */
   async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await Promise.allSettled([...this.inFlight]);
-    await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
-  }
-
-  private async tracked<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.closed) throw new DkiArgumentError("this DKISystem has been closed");
-    const p = fn();
-    this.inFlight.add(p);
-    try {
-      return await p;
-    } finally {
-      this.inFlight.delete(p);
-    }
+    if (await this.ledger.close()) await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
   }
 
   /** Routing, preferences and the prompt: store reads and text work, no model time. */

@@ -21,12 +21,12 @@ import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
-import { addBlockLoads, addLatency, analyzeBudget, emptyLatency, meanLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
+import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
-import { checkTurn, closeSystem, openSystem, type SystemOpenOptions } from "../dki/open.js";
+import { checkTurn, closeSystem, openSystem, TurnLedger, type SystemOpenOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
@@ -128,12 +128,8 @@ export interface RAGResponse {
 export class RAGSystem {
   private readonly queue = new FairQueue();
   private readonly counter: TokenCounter;
-  private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly ledger = new TurnLedger("RAGSystem");
   private cache: TieredKVCache | null = null;
-  private closed = false;
-  private turns = 0;
-  private failedTurns = 0;
-  private readonly latencySum = emptyLatency();
 
   private constructor(
     readonly model: Model,
@@ -159,31 +155,18 @@ export class RAGSystem {
 
   /** The memories a turn for this query would use (seed 000 §7.3: retrieval only, nothing generated or recorded). */
   async searchMemories(query: string, scope: { userId: string }): Promise<SearchResult[]> {
-    if (this.closed) throw new DkiArgumentError("this RAGSystem has been closed");
+    this.ledger.checkOpen();
     return routeMemories(this.store, query, { userId: scope?.userId, limit: this.config.maxMemories });
   }
 
   /** Turns answered and failed, and the mean latency of each stage over the answered ones (seed 000 §7.4). */
   stats(): { turns: number; failedTurns: number; meanLatency: LatencyBreakdown } {
-    return { turns: this.turns, failedTurns: this.failedTurns, meanLatency: meanLatency(this.latencySum, this.turns) };
+    return this.ledger.stats();
   }
 
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
-    if (this.closed) throw new DkiArgumentError("this RAGSystem has been closed");
-    const p = this.turn(query, opts);
-    this.inFlight.add(p);
-    try {
-      const r = await p;
-      this.turns++;
-      addLatency(this.latencySum, r.latency);
-      return r;
-    } catch (e) {
-      this.failedTurns++;
-      throw e;
-    } finally {
-      this.inFlight.delete(p);
-    }
+    return this.ledger.track(() => this.ledger.count(() => this.turn(query, opts)));
   }
 
   private async turn(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
@@ -344,10 +327,7 @@ export class RAGSystem {
   }
 
   async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await Promise.allSettled([...this.inFlight]);
-    await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
+    if (await this.ledger.close()) await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
   }
 }
 
