@@ -150,38 +150,38 @@ describe("preferences (§6.3)", () => {
 });
 
 describe("the prompt (§4.3: System → History → Query)", () => {
-  test("without a chat template: the seed's parts joined by blank lines, the query as `User:` with an answer cue", () => {
+  test("without a chat template: the seed's parts joined by blank lines, the query as `User:` with an answer cue", async () => {
     const h = formatHistory(enMessages, "en", counter, 500);
-    const r = renderPrompt(plain, { query: "Any dessert ideas?", systemPrompt: "You are helpful.", history: h.text, language: "en" }, false);
+    const r = await renderPrompt(plain, { query: "Any dessert ideas?", systemPrompt: "You are helpful.", history: h.text, language: "en" }, false);
     expect(r.text).toBe(`You are helpful.\n\n${EN_SEED}\n\nUser: Any dessert ideas?\nAssistant:`);
     expect(r.tokens).toEqual(plain.encode(r.text, { addSpecialTokens: true }));
     expect(r.templated).toBe(false);
-    const cn = renderPrompt(plain, { query: "有什么甜点推荐？", language: "cn" }, false);
+    const cn = await renderPrompt(plain, { query: "有什么甜点推荐？", language: "cn" }, false);
     expect(cn.text).toBe("用户: 有什么甜点推荐？\n助手:");
   });
 
-  test("with the chat template: a system message and one user message holding the history then the query", () => {
+  test("with the chat template: a system message and one user message holding the history then the query", async () => {
     const h = formatHistory(cnMessages, "cn", counter, 500);
-    const r = renderPrompt(chat, { query: "有什么甜点推荐？", systemPrompt: "你是助手。", history: h.text, language: "cn" }, true);
+    const r = await renderPrompt(chat, { query: "有什么甜点推荐？", systemPrompt: "你是助手。", history: h.text, language: "cn" }, true);
     expect(r.text).toBe(`<|im_start|>system\n你是助手。<|im_end|>\n<|im_start|>user\n${CN_SEED}\n\n有什么甜点推荐？<|im_end|>\n<|im_start|>assistant\n`);
     expect(r.tokens).toEqual(chat.encode(r.text, { addSpecialTokens: false }));
     expect(r.templated).toBe(true);
   });
 
-  test("the history is dropped when the prompt would leave the answer fewer than generationReserve tokens; a query beyond the window is refused", () => {
+  test("the history is dropped when the prompt would leave the answer fewer than generationReserve tokens; a query beyond the window is refused", async () => {
     const h = formatHistory(enMessages, "en", counter, 500);
     const base = { query: "Any dessert ideas?", history: h, language: "en" as const, useTemplate: false, generationReserve: 512 };
-    const full = renderPrompt(plain, { query: base.query, history: h.text, language: "en" }, false).tokens.length;
-    const kept = buildHybridPrompt(plain, { ...base, contextSize: full + 512 });
+    const full = (await renderPrompt(plain, { query: base.query, history: h.text, language: "en" }, false)).tokens.length;
+    const kept = await buildHybridPrompt(plain, { ...base, contextSize: full + 512 });
     expect(kept.historyDropped).toBe(false);
     expect(kept.historyText).toBe(EN_SEED);
     expect(kept.historyTokens).toBe(h.tokens);
-    const dropped = buildHybridPrompt(plain, { ...base, contextSize: full + 511 });
+    const dropped = await buildHybridPrompt(plain, { ...base, contextSize: full + 511 });
     expect(dropped.historyDropped).toBe(true);
     expect(dropped.text).toBe("User: Any dessert ideas?\nAssistant:");
     expect(dropped.historyTokens).toBe(0);
-    expect(() => buildHybridPrompt(plain, { ...base, contextSize: 3 })).toThrow(/the prompt \(system prompt and query\) has \d+ tokens, more than the model's context window of 3/);
-    expect(() => buildHybridPrompt(plain, { ...base, query: "  ", contextSize: 4096 })).toThrow(/the query is empty/);
+    await expect(buildHybridPrompt(plain, { ...base, contextSize: 3 })).rejects.toThrow(/the prompt \(system prompt and query\) has \d+ tokens, more than the model's context window of 3/);
+    await expect(buildHybridPrompt(plain, { ...base, query: "  ", contextSize: 4096 })).rejects.toThrow(/the query is empty/);
   });
 });
 

@@ -9,7 +9,7 @@ import { packageRoot } from "../src/engine/native.js";
 import { FormatError } from "../src/errors.js";
 import { readHfFolder } from "../src/formats/hf-folder.js";
 import { MAX_JSON_FILE_BYTES } from "../src/formats/json-file.js";
-import { renderChat, selectChatTemplate, type ChatMessage } from "../src/tokenizer/chat-template.js";
+import { renderChat, renderChatAsync, selectChatTemplate, type ChatMessage } from "../src/tokenizer/chat-template.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { fixtures, hfLlamaTiny, smollm2Tokenizer, tempDir } from "./support/paths.js";
 
@@ -352,10 +352,41 @@ describe("chat templates", () => {
     expect(renderers().has(pid)).toBe(false);
   });
 
+  test("renderChatAsync leaves the thread free while the template renders, and takes turns with synchronous renders", async () => {
+    // ~0.5 s of loop steps in the render process: timers here keep firing meanwhile.
+    const busy = "{% for i in range(300) %}{% for j in range(300) %}{% endfor %}{% endfor %}[{{ messages[0].content }}]";
+    let ticks = 0;
+    const timer = setInterval(() => ticks++, 10);
+    try {
+      expect(await renderChatAsync(msgs.slice(1, 2), { template: busy })).toBe("[Hi!]");
+    } finally {
+      clearInterval(timer);
+    }
+    expect(ticks).toBeGreaterThanOrEqual(5);
+    // Asynchronous renders in flight while a synchronous one comes in: each gets its own reply.
+    const echo = (tag: string) => `${tag}{{ messages[0].content }}`;
+    const pending = [renderChatAsync(msgs.slice(1, 2), { template: busy }), renderChatAsync(msgs.slice(1, 2), { template: echo("a:") })];
+    expect(renderChat(msgs.slice(1, 2), { template: echo("s:") })).toBe("s:Hi!");
+    expect(await Promise.all(pending)).toEqual(["[Hi!]", "a:Hi!"]);
+    // The same errors and limits as the synchronous render; the next render works.
+    await expect(renderChatAsync(msgs, { template: "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}", timeLimitMs: 300 })).rejects.toThrow(/the chat template was stopped after 300 ms: it loops too long/);
+    await expect(renderChatAsync(msgs, { template: "{% for m in messages %}" })).rejects.toThrow(/chat template does not parse/);
+    expect(await renderChatAsync(msgs.slice(1, 2), { template: null })).toBe("<|im_start|>user\nHi!<|im_end|>\n");
+    expect(await renderChatAsync(msgs.slice(1, 2), { template: echo("b:") })).toBe("b:Hi!");
+  });
+
   test("a rendered prompt over 64 MB is refused; one of 32 MB comes back whole", () => {
     const doubled = (n: number) => `{% set ns = namespace(x='a') %}{% for i in range(${n}) %}{% set ns.x = ns.x + ns.x %}{% endfor %}{{ ns.x }}`;
     expect(() => renderChat(msgs, { template: doubled(26), timeLimitMs: 60_000 })).toThrow(/the chat template rendered more than 64 MB/);
     expect(renderChat(msgs, { template: doubled(25), timeLimitMs: 60_000 })).toBe("a".repeat(2 ** 25));
+  });
+
+  test("a process whose only work is an asynchronous render waits for it (an unref'd wait let it exit with the render pending)", () => {
+    const code = `import { renderChatAsync } from ${JSON.stringify(chat)}; console.log(await renderChatAsync([{ role: "user", content: "Hi!" }], { template: "[{{ messages[0].content }}]" }));`;
+    const r = spawnSync(process.execPath, ["--input-type=module", "-e", code], { encoding: "utf8", timeout: 20_000 });
+    expect(r.stderr).toBe("");
+    expect(r.status).toBe(0);
+    expect(r.stdout.trim()).toBe("[Hi!]");
   });
 
   test("the sandbox works in a process run with --input-type=module (its worker used to inherit the flag and never start)", () => {

@@ -9,7 +9,8 @@ import type { ChatMessage } from "../tokenizer/chat-template.js";
 /** What prompt building needs of a tokenizer; the engine's `Tokenizer` has it. */
 export interface PromptTokenizer {
   encode(text: string, opts?: { addSpecialTokens?: boolean }): number[];
-  applyChatTemplate(messages: ChatMessage[], opts?: { addGenerationPrompt?: boolean }): string;
+  /** Renders with the chat template; the template may run in its own process, so the thread works on meanwhile. */
+  applyChatTemplateAsync(messages: ChatMessage[], opts?: { addGenerationPrompt?: boolean }): Promise<string>;
   readonly chatTemplate: string | null;
   readonly bosId: number | null;
 }
@@ -177,13 +178,13 @@ export interface RenderedPrompt {
  * one user message holding the history block and the query; without: the parts joined by blank
  * lines, the query as `User: …` (`用户: …`), and an `Assistant:` cue for the answer.
  */
-export function renderPrompt(tok: PromptTokenizer, parts: PromptParts, useTemplate: boolean): RenderedPrompt {
+export async function renderPrompt(tok: PromptTokenizer, parts: PromptParts, useTemplate: boolean): Promise<RenderedPrompt> {
   const history = parts.history ?? "";
   if (useTemplate) {
     const messages: ChatMessage[] = [];
     if (parts.systemPrompt) messages.push({ role: "system", content: parts.systemPrompt });
     messages.push({ role: "user", content: history ? `${history}\n\n${parts.query}` : parts.query });
-    const text = tok.applyChatTemplate(messages, { addGenerationPrompt: true });
+    const text = await tok.applyChatTemplateAsync(messages, { addGenerationPrompt: true });
     return { text, tokens: tok.encode(text, { addSpecialTokens: false }), templated: true };
   }
   const t = HISTORY_TEMPLATES[parts.language];
@@ -211,16 +212,19 @@ export interface HybridPrompt extends RenderedPrompt {
   historyDropped: boolean;
 }
 
-/** Renders the prompt with the history, or without it when it would not leave the answer its room. */
-export function buildHybridPrompt(tok: PromptTokenizer, o: HybridPromptOptions): HybridPrompt {
+/**
+ * Renders the prompt with the history, or without it when it would not leave the answer its room.
+ * Asynchronous: a chat template renders in its own process, and the caller can work meanwhile.
+ */
+export async function buildHybridPrompt(tok: PromptTokenizer, o: HybridPromptOptions): Promise<HybridPrompt> {
   if (typeof o.query !== "string" || o.query.trim() === "") throw new DkiArgumentError("the query is empty");
   const limit = o.contextSize - o.generationReserve;
   const historyText = o.history?.text ?? "";
   if (historyText !== "") {
-    const withHistory = renderPrompt(tok, { query: o.query, systemPrompt: o.systemPrompt, history: historyText, language: o.language }, o.useTemplate);
+    const withHistory = await renderPrompt(tok, { query: o.query, systemPrompt: o.systemPrompt, history: historyText, language: o.language }, o.useTemplate);
     if (withHistory.tokens.length <= limit) return { ...withHistory, historyText, historyTokens: o.history!.tokens, historyDropped: false };
   }
-  const bare = renderPrompt(tok, { query: o.query, systemPrompt: o.systemPrompt, language: o.language }, o.useTemplate);
+  const bare = await renderPrompt(tok, { query: o.query, systemPrompt: o.systemPrompt, language: o.language }, o.useTemplate);
   if (bare.tokens.length > o.contextSize) {
     throw new DkiArgumentError(`the prompt (system prompt and query) has ${bare.tokens.length} tokens, more than the model's context window of ${o.contextSize}`);
   }

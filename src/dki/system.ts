@@ -27,7 +27,7 @@ import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, TurnLedger, type SystemOpenOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
-import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type TokenCounter } from "./prompt.js";
+import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
 
 export interface DKISystemOptions extends SystemOpenOptions {
@@ -37,6 +37,9 @@ export interface DKISystemOptions extends SystemOpenOptions {
 
 /** Sessions whose injected blocks clearSessionCache can find (the most recently active). */
 export const TRACKED_SESSIONS = 10_000;
+
+/** Block texts (memories, merged preferences) whose tokens are remembered across turns. */
+const ENCODED_TEXTS = 4096;
 
 export interface ChatOptions {
   userId: string;
@@ -146,7 +149,7 @@ export interface DKIStats {
 /** A turn's routing, prompt and preference text, before the model is involved. */
 interface Plan {
   routed: SearchResult[];
-  prompt: ReturnType<typeof buildHybridPrompt>;
+  prompt: HybridPrompt;
   history: HistorySuffix | null;
   language: HistoryLanguage;
   preferences: { text: string; tokens: number };
@@ -168,6 +171,7 @@ export class DKISystem {
   private readonly counter: TokenCounter;
   private readonly ledger = new TurnLedger("DKISystem");
   private readonly sessionKeys = new Map<string, Set<string>>();
+  private readonly encoded = new Map<string, number[]>();
 
   private constructor(
     readonly model: Model,
@@ -303,29 +307,36 @@ export class DKISystem {
     if (await this.ledger.close()) await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
   }
 
-  /** Routing, preferences and the prompt: store reads and text work, no model time. */
+  /**
+   * Routing, preferences and the prompt: store reads and text work, no model time. The prompt's
+   * chat template renders in its own process while this thread routes the memories.
+   */
   private async plan(query: string, opts: ChatOptions, lat: LatencyBreakdown): Promise<Plan> {
     const c = this.config;
-    let t = performance.now();
+    const t = performance.now();
     const injectionOn = opts.allowInjection !== false;
-    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
-    lat.routingMs = performance.now() - t;
-    t = performance.now();
     const language: HistoryLanguage = c.historyLanguage === "auto" ? detectLanguage(query) : c.historyLanguage;
     const systemPrompt = opts.systemPrompt ?? c.systemPrompt;
+    const history = c.historyEnabled
+      ? await this.history.suffix({ userId: opts.userId, sessionId: opts.sessionId, query, language, maxTokens: c.historyMaxTokens, maxMessages: c.historyMaxMessages, counter: this.counter, signal: opts.signal })
+      : null;
+    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
+    const rendering = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
+    // Awaited below in every case, so a failed render is never an unhandled rejection.
+    rendering.catch(() => {});
+    const tr = performance.now();
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
+    lat.routingMs = performance.now() - tr;
     let preferences = { text: "", tokens: 0 };
     if (injectionOn && c.preferenceEnabled) {
       const prefs = (await this.store.preferences.list({ userId: opts.userId })).filter((p) => p.active);
       for (const p of prefs) if (p.userId !== opts.userId) throw new Error(`the memory store returned preference ${p.id} of another user for user ${JSON.stringify(opts.userId)}`);
       preferences = mergePreferences(prefs, this.counter, c.preferenceMaxTokens);
     }
-    const history = c.historyEnabled
-      ? await this.history.suffix({ userId: opts.userId, sessionId: opts.sessionId, query, language, maxTokens: c.historyMaxTokens, maxMessages: c.historyMaxMessages, counter: this.counter, signal: opts.signal })
-      : null;
-    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
-    const prompt = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
+    const prompt = await rendering;
     const prefix = this.encodingPrefix(systemPrompt, useTemplate);
-    lat.promptMs = performance.now() - t;
+    // The prompt's share: the whole plan less the routing it overlapped with.
+    lat.promptMs = performance.now() - t - lat.routingMs;
     return { routed, prompt, history, language, preferences, prefix };
   }
 
@@ -357,7 +368,7 @@ export class DKISystem {
           leftOut.push({ id, reason: `relevance ${relevance(r).toFixed(2)} is below the threshold ${g.relevanceThreshold.toFixed(2)}` });
           continue;
         }
-        const tokens = this.model.tokenizer.encode(r.memory.text, { addSpecialTokens: false });
+        const tokens = this.memoryTokens(r.memory.text);
         // Two memories with the same text would be one block injected twice: the first stands for both.
         const twin = memories.find((m) => m.tokens.length === tokens.length && m.tokens.every((t, i) => t === tokens[i]));
         if (twin) {
@@ -374,7 +385,7 @@ export class DKISystem {
       if (c.memoryOrder === "time") memories.sort((a, b) => a.r.memory.createdAt - b.r.memory.createdAt || cmp(a.r.memory.id, b.r.memory.id));
     }
     const specs: BlockSpec[] = [];
-    const prefTokens = plan.preferences.text === "" ? [] : this.model.tokenizer.encode(plan.preferences.text, { addSpecialTokens: false });
+    const prefTokens = plan.preferences.text === "" ? [] : this.memoryTokens(plan.preferences.text);
     // The engine's rule: a block is injected exactly when its α ≥ alphaThreshold (α = 0 included at threshold 0).
     const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold;
     if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
@@ -395,6 +406,20 @@ export class DKISystem {
       leftOut,
       injection: { segments, positions: c.positions, alphaThreshold: g.alphaThreshold },
     };
+  }
+
+  /**
+   * A block's text as tokens (no special tokens), remembered for the texts of recent turns: the
+   * same memories are routed turn after turn, and encoding them again cost more than the rest of
+   * the assembly. The arrays are shared: nothing may change them.
+   */
+  private memoryTokens(text: string): number[] {
+    let tokens = this.encoded.get(text);
+    if (tokens === undefined) tokens = this.model.tokenizer.encode(text, { addSpecialTokens: false });
+    else this.encoded.delete(text); // re-inserted last: the Map's order is least recently used first
+    this.encoded.set(text, tokens);
+    if (this.encoded.size > ENCODED_TEXTS) this.encoded.delete(this.encoded.keys().next().value!);
+    return tokens;
   }
 
   /** The tokens each block is encoded behind (part of its cache key). */

@@ -4,7 +4,7 @@
 // (template-sandbox.ts): a template comes with the model file and could loop for hours.
 import { Template } from "@huggingface/jinja";
 import { DkiArgumentError } from "../errors.js";
-import { CHAT_TEMPLATE_TIME_LIMIT_MS, renderTemplateSandboxed, TemplateError } from "./template-sandbox.js";
+import { CHAT_TEMPLATE_TIME_LIMIT_MS, renderTemplateSandboxed, renderTemplateSandboxedAsync, TemplateError } from "./template-sandbox.js";
 
 export type ChatRole = "system" | "user" | "assistant";
 
@@ -85,10 +85,35 @@ export function checkChatTemplate(template: string): void {
 }
 
 export function renderChat(messages: ChatMessage[], opts: RenderChatOptions = {}): string {
+  const job = renderJob(messages, opts);
+  if ("text" in job) return job.text;
+  try {
+    return renderTemplateSandboxed(job.template, job.context, job.timeLimitMs);
+  } catch (e) {
+    throw templateFailure(e);
+  }
+}
+
+/**
+ * renderChat without blocking this thread while the template renders (in its own process): the
+ * caller's other work runs meanwhile. Same output, limits and errors.
+ */
+export async function renderChatAsync(messages: ChatMessage[], opts: RenderChatOptions = {}): Promise<string> {
+  const job = renderJob(messages, opts);
+  if ("text" in job) return job.text;
+  try {
+    return await renderTemplateSandboxedAsync(job.template, job.context, job.timeLimitMs);
+  } catch (e) {
+    throw templateFailure(e);
+  }
+}
+
+/** The checked render: ChatML's text at once, or the template and its context for the sandbox. */
+function renderJob(messages: ChatMessage[], opts: RenderChatOptions): { text: string } | { template: string; context: Record<string, unknown>; timeLimitMs: number } {
   checkMessages(messages);
   const addGenerationPrompt = opts.addGenerationPrompt ?? false;
   const template = Array.isArray(opts.template) ? selectChatTemplate(opts.template) : opts.template ?? null;
-  if (template === null) return renderChatML(messages, addGenerationPrompt);
+  if (template === null) return { text: renderChatML(messages, addGenerationPrompt) };
   const timeLimitMs = opts.timeLimitMs ?? CHAT_TEMPLATE_TIME_LIMIT_MS;
   if (!(timeLimitMs > 0) || !Number.isFinite(timeLimitMs)) throw new DkiArgumentError(`timeLimitMs must be a positive number, got ${timeLimitMs}`);
   const context = {
@@ -97,11 +122,11 @@ export function renderChat(messages: ChatMessage[], opts: RenderChatOptions = {}
     eos_token: opts.eosToken ?? "",
     add_generation_prompt: addGenerationPrompt,
   };
-  try {
-    return renderTemplateSandboxed(template, context, timeLimitMs);
-  } catch (e) {
-    if (!(e instanceof TemplateError)) throw e;
-    const what = e.stage === "parse" ? "does not parse" : "failed to render";
-    throw new Error(`chat template ${what}: ${e.message}`, { cause: e });
-  }
+  return { template, context, timeLimitMs };
+}
+
+function templateFailure(e: unknown): unknown {
+  if (!(e instanceof TemplateError)) return e;
+  const what = e.stage === "parse" ? "does not parse" : "failed to render";
+  return new Error(`chat template ${what}: ${e.message}`, { cause: e });
 }

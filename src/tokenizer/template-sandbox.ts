@@ -9,10 +9,12 @@
 // (nodejs/node#47224, still open). A child that runs out of memory dies alone, and its exit
 // reaches the relay at once.
 //
-// The render stays synchronous for its callers (encodePrompt is): the main thread posts the job
+// A render can be synchronous for its callers (encodePrompt is): the main thread posts the job
 // to the relay and blocks on an Atomics.wait that the relay ends with the reply. The relay's own
 // event loop is free (it only moves lines between the two), so it keeps the time limit, kills the
-// child past it, and starts a fresh child for the next render.
+// child past it, and starts a fresh child for the next render. renderTemplateSandboxedAsync waits
+// with Atomics.waitAsync instead, so the main thread works on while the render process renders
+// (a DKI turn routes its memories meanwhile). One render is in flight at a time.
 import { createRequire } from "node:module";
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 
@@ -218,10 +220,78 @@ export class TemplateError extends Error {
  */
 export function renderTemplateSandboxed(template: string, context: Record<string, unknown>, timeLimitMs = CHAT_TEMPLATE_TIME_LIMIT_MS): string {
   if (startFailure !== null) throw new Error(startFailure);
+  // An asynchronous render's reply comes first: taken here, and handed to its waiter.
+  if (inFlight !== null) settle(inFlight, takeReply);
   const s = startSandbox();
   s.worker.postMessage({ template, context, timeLimitMs });
-  // The relay keeps the limits; this wait only guards against the relay itself failing.
-  const r = nextReply(s, STARTUP_LIMIT_MS + timeLimitMs + 5000);
+  return outcome(takeReply(s, replyLimit(timeLimitMs)));
+}
+
+/**
+ * renderTemplateSandboxed without blocking the thread while the render process works: the same
+ * limits and errors. Renders are taken one at a time, in call order.
+ */
+export async function renderTemplateSandboxedAsync(template: string, context: Record<string, unknown>, timeLimitMs = CHAT_TEMPLATE_TIME_LIMIT_MS): Promise<string> {
+  const turn = asyncTail.then(() => renderOneAsync(template, context, timeLimitMs));
+  asyncTail = turn.then(
+    () => undefined,
+    () => undefined,
+  );
+  return turn;
+}
+
+/** A posted asynchronous render: whoever takes the reply (its own wait, or a synchronous render) settles it. */
+interface AsyncRender {
+  sandbox: Sandbox;
+  limitMs: number;
+  resolve: (r: Reply) => void;
+  reject: (e: unknown) => void;
+}
+
+let inFlight: AsyncRender | null = null;
+let asyncTail: Promise<void> = Promise.resolve();
+
+async function renderOneAsync(template: string, context: Record<string, unknown>, timeLimitMs: number): Promise<string> {
+  if (startFailure !== null) throw new Error(startFailure);
+  const s = startSandbox();
+  const reply = new Promise<Reply>((resolve, reject) => {
+    inFlight = { sandbox: s, limitMs: replyLimit(timeLimitMs), resolve, reject };
+  });
+  const mine = inFlight!;
+  s.worker.postMessage({ template, context, timeLimitMs });
+  const wait = waitAsync(s.signal, 0, 0, mine.limitMs);
+  // A pending waitAsync does not keep the process alive (the relay and its port are unref'd so
+  // that an idle sandbox never does): this timer does, while the render is in flight.
+  const alive = setTimeout(() => {}, mine.limitMs);
+  try {
+    if (wait.async) await wait.value;
+  } finally {
+    clearTimeout(alive);
+  }
+  // A synchronous render may have taken the reply already; otherwise it is waiting on the port
+  // (or the relay failed, which takeReply turns into an error).
+  if (inFlight === mine) settle(mine, (sb) => takeReply(sb, 0));
+  return outcome(await reply);
+}
+
+// Atomics.waitAsync (Node ≥ 16) is typed from TypeScript's ES2024 lib only; this project targets ES2022.
+const waitAsync = (Atomics as unknown as { waitAsync(a: Int32Array, i: number, v: number, ms: number): { async: boolean; value: Promise<string> | string } }).waitAsync;
+
+function settle(r: AsyncRender, take: (s: Sandbox, limitMs: number) => Reply): void {
+  inFlight = null;
+  try {
+    r.resolve(take(r.sandbox, r.limitMs));
+  } catch (e) {
+    r.reject(e);
+  }
+}
+
+/** The relay keeps the limits; the wait for its reply only guards against the relay itself failing. */
+function replyLimit(timeLimitMs: number): number {
+  return STARTUP_LIMIT_MS + timeLimitMs + 5000;
+}
+
+function outcome(r: Reply): string {
   if ("startError" in r) {
     startFailure = `the chat template process could not start: ${r.startError}`;
     throw new Error(startFailure);
@@ -231,8 +301,11 @@ export function renderTemplateSandboxed(template: string, context: Record<string
   return r.text;
 }
 
-/** The relay's reply, or (past the limit) a stopped relay and render process and an error. */
-function nextReply(s: Sandbox, limitMs: number): Reply {
+/**
+ * The relay's reply (waiting for it up to limitMs), or, when none comes, a stopped relay and
+ * render process and an error.
+ */
+function takeReply(s: Sandbox, limitMs: number): Reply {
   const waited = Atomics.wait(s.signal, 0, 0, limitMs);
   const message = receiveMessageOnPort(s.reply);
   if (waited === "timed-out" || !message) {
@@ -246,7 +319,7 @@ function nextReply(s: Sandbox, limitMs: number): Reply {
     }
     void s.worker.terminate();
     s.reply.close();
-    sandbox = null;
+    if (sandbox === s) sandbox = null;
     throw new Error(`the chat template relay did not answer within ${limitMs} ms`);
   }
   Atomics.store(s.signal, 0, 0);

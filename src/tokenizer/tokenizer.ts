@@ -7,7 +7,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { DkiArgumentError, FormatError } from "../errors.js";
 import { SHAPE_LIMITS } from "../formats/hf-config.js";
 import { readJsonObject } from "../formats/json-file.js";
-import { checkChatTemplate, renderChat, selectChatTemplate, type ChatMessage } from "./chat-template.js";
+import { checkChatTemplate, renderChat, renderChatAsync, selectChatTemplate, type ChatMessage, type RenderChatOptions } from "./chat-template.js";
 
 export interface EncodeOptions {
   /** Let the tokenizer's post-processor add its special tokens (e.g. BOS). Default true, as in HF. */
@@ -263,12 +263,16 @@ export class Tokenizer {
 
   /** Renders messages with the folder's chat template (ChatML when it has none). Encode the result with addSpecialTokens: false. */
   applyChatTemplate(messages: ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): string {
-    return renderChat(messages, {
-      template: this.chatTemplate,
-      bosToken: this.bosToken ?? "",
-      eosToken: this.eosToken ?? "",
-      addGenerationPrompt: opts.addGenerationPrompt ?? false,
-    });
+    return renderChat(messages, this.renderOptions(opts));
+  }
+
+  /** applyChatTemplate without blocking this thread while the template renders (in its own process). */
+  applyChatTemplateAsync(messages: ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): Promise<string> {
+    return renderChatAsync(messages, this.renderOptions(opts));
+  }
+
+  private renderOptions(opts: { addGenerationPrompt?: boolean }): RenderChatOptions {
+    return { template: this.chatTemplate, bosToken: this.bosToken ?? "", eosToken: this.eosToken ?? "", addGenerationPrompt: opts.addGenerationPrompt ?? false };
   }
 
   /**
