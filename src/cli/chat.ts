@@ -4,7 +4,7 @@
 // why. Ctrl-C during an answer cancels that turn only.
 import type { Command } from "commander";
 import { DKISystem, type ChatOptions, type DKIResponse } from "../dki/index.js";
-import { numberOption, choiceOption } from "./options.js";
+import { choiceOption, embedderOption, numberOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { ragCommand } from "./rag.js";
 import { answerOnce, baseTurnOptions, chatLoop, checkTurnFlags, loadOptions, outputOptions, turnCommandOptions, type TurnFlags } from "./turn.js";
@@ -31,7 +31,8 @@ async function chat(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined && !flags.memory) throw new Error("give at most one of --alpha and --no-memory");
   checkTurnFlags(flags);
   await checkModelPath(flags.model, "--model");
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache });
+  const embedder = await embedderOption(flags.embedder);
+  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder });
   try {
     const turnOptions = (signal: AbortSignal, stream: boolean): ChatOptions => ({ ...baseTurnOptions(flags, signal, stream), forceAlpha: flags.alpha, allowInjection: flags.memory });
     if (flags.query !== undefined) {

@@ -8,13 +8,13 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Command } from "commander";
 import { HashingEmbedder } from "../memory/embedders/hashing.js";
-import type { Filter } from "../memory/types.js";
+import type { Embedder, Filter } from "../memory/types.js";
 import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.js";
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
 import { snakeKeys, stderrBar } from "./output.js";
-import { choiceOption, intOption, jsonObjectOption, numberOption } from "./options.js";
+import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
 /** The bundled SmolLM2 tokenizer's folder, found by walking up to the package root. */
 export function bundledTokenizerDir(): string {
@@ -30,19 +30,23 @@ export function knowledgeBaseDir(data: string): string {
   return `${resolve(data)}.kb`;
 }
 
-/** Opens the data folder's knowledge base with the default embedder and the given (or bundled) tokenizer. */
-export async function openKnowledgeBase(data: string, tokenizer?: string | Tokenizer): Promise<KnowledgeBase> {
-  const tok = tokenizer instanceof Tokenizer ? tokenizer : await Tokenizer.fromFolder(tokenizer ?? bundledTokenizerDir());
-  return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: new HashingEmbedder(), tokenizer: tok });
+/**
+ * Opens the data folder's knowledge base with the given embedder (default: the hashing embedder)
+ * and tokenizer (a folder, or default: the bundled SmolLM2 tokenizer).
+ */
+export async function openKnowledgeBase(data: string, o: { tokenizer?: string | Tokenizer; embedder?: Embedder } = {}): Promise<KnowledgeBase> {
+  const tok = o.tokenizer instanceof Tokenizer ? o.tokenizer : await Tokenizer.fromFolder(o.tokenizer ?? bundledTokenizerDir());
+  return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: o.embedder ?? new HashingEmbedder(), tokenizer: tok });
 }
 
 interface CommonFlags {
   data: string;
   tokenizer?: string;
+  embedder?: string;
 }
 
 async function withKb<T>(flags: CommonFlags, fn: (kb: KnowledgeBase) => Promise<T>): Promise<T> {
-  const kb = await openKnowledgeBase(flags.data, flags.tokenizer);
+  const kb = await openKnowledgeBase(flags.data, { tokenizer: flags.tokenizer, embedder: await embedderOption(flags.embedder) });
   try {
     return await fn(kb);
   } finally {
@@ -118,7 +122,7 @@ async function rm(docId: string, flags: CommonFlags & { collection: string }): P
 export function registerKbCommand(program: Command): void {
   const kb = program.command("kb").description("knowledge base: ingest documents into collections, search them");
   const common = (c: Command) =>
-    c.requiredOption("--data <dir>", "data folder (the knowledge base is the folder <data>.kb beside it)").option("--tokenizer <dir>", "tokenizer for chunk sizes: a model or tokenizer folder (default: the bundled SmolLM2 tokenizer)");
+    c.requiredOption("--data <dir>", "data folder (the knowledge base is the folder <data>.kb beside it)").option("--tokenizer <dir>", "tokenizer for chunk sizes: a model or tokenizer folder (default: the bundled SmolLM2 tokenizer)").option("--embedder <dir>", EMBEDDER_HELP);
   common(
     kb
       .command("ingest <paths...>")

@@ -6,12 +6,11 @@ import { existsSync } from "node:fs";
 import type { Command } from "commander";
 import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
 import { defaultCacheDir } from "../dki/open.js";
-import { OnnxEmbedder } from "../memory/embedders/onnx.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import type { ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
 import { stderrBar } from "./output.js";
-import { choiceOption, intOption, jsonOption, numberOption } from "./options.js";
+import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonOption, numberOption } from "./options.js";
 
 type OutputFormat = "text" | "json";
 
@@ -23,7 +22,7 @@ interface StoreFlags {
 
 /** Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a line on stderr. */
 async function withStore<T>(flags: StoreFlags, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
-  const embedder = flags.embedder === undefined ? undefined : await OnnxEmbedder.load(flags.embedder);
+  const embedder = await embedderOption(flags.embedder);
   const bar = stderrBar("re-embedding [{bar}] {value}/{total} memories");
   let started = false;
   const store = await MemoryStore.open({
@@ -87,7 +86,7 @@ export function registerMemoryCommands(program: Command): void {
   const store = (c: Command) =>
     c
       .requiredOption("--data <dir>", "the memory store's folder")
-      .option("--embedder <dir>", "an ONNX sentence-embedding model folder (default: the offline hashing embedder)")
+      .option("--embedder <dir>", EMBEDDER_HELP)
       .option("--reembed", "if the store's vectors came from another embedder, re-embed them all (else that is refused)");
   const scoped = (c: Command) => store(c).requiredOption("--user <id>", "the user whose records these are");
   const output = (c: Command) => c.option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");

@@ -1,5 +1,7 @@
 // Parsers for CLI option values: each rejects bad input with a message naming the option.
 import { InvalidArgumentError } from "commander";
+import { OnnxEmbedder } from "../memory/embedders/onnx.js";
+import type { Embedder } from "../memory/types.js";
 
 // Digits only: Number() would take "" as 0, "0x5" as 5 and "1e3" as 1000.
 const INTEGER = /^\s*-?\d+\s*$/;
@@ -86,4 +88,12 @@ export function jsonObjectOption(name: string, text: string): Record<string, unk
   const v = jsonOption(name, text);
   if (v === null || typeof v !== "object" || Array.isArray(v)) throw new Error(`${name} must be a JSON object`);
   return v as Record<string, unknown>;
+}
+
+/** Help for --embedder, shared by every command that opens a memory store or knowledge base. */
+export const EMBEDDER_HELP = "the ONNX sentence-embedding model folder the data was embedded with (default: the offline hashing embedder)";
+
+/** --embedder's model, loaded; undefined (the default embedder) when the option is absent. */
+export async function embedderOption(dir: string | undefined): Promise<Embedder | undefined> {
+  return dir === undefined ? undefined : OnnxEmbedder.load(dir);
 }

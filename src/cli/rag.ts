@@ -8,7 +8,7 @@ import { sourceLabel } from "../rag/citations.js";
 import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from "../rag/rag-system.js";
 import { openKnowledgeBase } from "./kb.js";
-import { choiceOption, intOption, jsonObjectOption } from "./options.js";
+import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { answerOnce, baseTurnOptions, chatLoop, checkTurnFlags, loadOptions, outputOptions, turnCommandOptions, type TurnFlags } from "./turn.js";
 
@@ -43,11 +43,12 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
   await checkModelPath(flags.model, "--model");
   // The collection is checked before the model loads; searching it needs only its embedder.
-  const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data);
+  const embedder = await embedderOption(flags.embedder);
+  const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder });
   let system: RAGSystem | null = null;
   try {
     if (kb !== null && flags.collection !== undefined) kb.getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
     const sys = system;
     const turnOptions = (signal: AbortSignal, stream: boolean): RAGChatOptions => ({
       ...baseTurnOptions(flags, signal, stream),

@@ -3,7 +3,7 @@
 // interactive loop (Ctrl-C cancels the answer being written; at the prompt it ends the session).
 import { createInterface } from "node:readline";
 import type { Command } from "commander";
-import { choiceOption, intOption } from "./options.js";
+import { choiceOption, EMBEDDER_HELP, intOption } from "./options.js";
 import { snakeKeys } from "./output.js";
 
 /** The flags of a chat-like command. */
@@ -11,6 +11,7 @@ export interface TurnFlags {
   model: string;
   data: string;
   cache?: string;
+  embedder?: string;
   user: string;
   session: string;
   query?: string;
@@ -108,6 +109,7 @@ export function turnCommandOptions(c: Command, cacheHelp: string): Command {
     .requiredOption("-m, --model <path>", "model: a Hugging Face model folder or a .gguf file")
     .requiredOption("--data <dir>", "the memory store's folder")
     .option("--cache <dir>", cacheHelp)
+    .option("--embedder <dir>", EMBEDDER_HELP)
     .requiredOption("--user <id>", "user id")
     .option("--session <id>", "session id", "default")
     .option("-q, --query <text>", "answer this one query and exit")

@@ -2,7 +2,10 @@
 // exports (inputs input_ids / attention_mask / token_type_ids, output last_hidden_state), small
 // enough to generate in every test run. The weights come back too, so a test can recompute the
 // same network independently.
+import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { DataType, writeOnnxModel, type OnnxNode, type OnnxTensor } from "./onnx-writer.js";
+import { fixtures } from "./paths.js";
 import { prng } from "./prng.js";
 
 export interface TinyBertConfig {
@@ -177,4 +180,18 @@ export function tinyBertOnnx(weights: TinyBertWeights, opts: { tokenTypeIds?: bo
     inputs: [tokenInput("input_ids"), tokenInput("attention_mask"), ...(withTypes ? [tokenInput("token_type_ids")] : [])],
     outputs: [{ name: "last_hidden_state", type: DataType.FLOAT, shape: ["batch", "sequence", c.hidden] }],
   });
+}
+
+/**
+ * A model folder as OnnxEmbedder.load reads it: a generated BERT (seed, default shape) as
+ * model.onnx beside the real all-MiniLM-L6-v2 tokenizer files of test/fixtures. Returns `dir`.
+ */
+export function writeTinyBertFolder(dir: string, seed: number): string {
+  const tokenizerDir = join(fixtures, "minilm-tokenizer");
+  mkdirSync(dir, { recursive: true });
+  for (const f of ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]) copyFileSync(join(tokenizerDir, f), join(dir, f));
+  const config = JSON.parse(readFileSync(join(tokenizerDir, "config.json"), "utf8")) as Record<string, unknown>;
+  writeFileSync(join(dir, "config.json"), JSON.stringify({ ...config, max_position_embeddings: TINY_BERT_DEFAULTS.maxPositions }));
+  writeFileSync(join(dir, "model.onnx"), tinyBertOnnx(tinyBertWeights(seed, TINY_BERT_DEFAULTS)));
+  return dir;
 }

@@ -331,7 +331,7 @@ export class KnowledgeBase {
     this.live();
     const c = this.collection(collection);
     // Vectors of two embedders are never compared: a query embedded by another one would rank by noise.
-    if (c.embedderId !== this.embedder.id) throw new DkiArgumentError(`collection ${JSON.stringify(collection)} holds vectors of embedder ${c.embedderId}; this knowledge base was opened with ${this.embedder.id}`);
+    if (c.embedderId !== this.embedder.id) throw new DkiArgumentError(`collection ${JSON.stringify(collection)} holds vectors of embedder ${c.embedderId}; this knowledge base was opened with ${this.embedder.id}: open it with that embedder (CLI: --embedder DIR for an ONNX model)`);
     return this.index.search(collection, query, options);
   }
 
