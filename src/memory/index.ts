@@ -2,6 +2,7 @@
 // blocks (retrieval/) a knowledge base can reuse for its own scopes.
 export { MemoryStore, erasedUserId, SCHEMA_VERSION, type MemoryStoreOptions, type MemoryStoreStats, type EraseResult, type UserCache } from "./memory-store.js";
 export { MemoryNotFoundError, MemoryStoreError, ImportFormatError } from "./errors.js";
+export { calibrateRelevance, chooseThreshold, thresholdRates, topDenseScores, summarizeScores, type Calibration, type CalibrationSet, type ThresholdRates, type ScoreSummary } from "./calibrate.js";
 export { parseConversations, type ImportFormat, type ImportResult, type ImportedConversation, type ImportedTurn } from "./import.js";
 export { Bm25Index, type Bm25Options, type ScoredId } from "./retrieval/bm25.js";
 export { VectorIndex, IndexFileError, type VectorIndexOptions, type VectorHit } from "./retrieval/vector-index.js";
