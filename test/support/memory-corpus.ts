@@ -1,122 +1,48 @@
-// A labelled retrieval corpus for memory-retrieval.test.ts: one user's memories (English and
-// Chinese) and questions, each answered by one memory. Memories share many words on purpose
-// (family members, days, places recur), and questions are phrased differently from their memory:
-// other word forms ("swimming" for "swim"), partial overlap, or only a rare name in common.
+// A labelled retrieval corpus: one user's memories (English and Chinese), questions each answered
+// by one memory, and off-topic queries that none of them answers. Used by memory-retrieval.test.ts
+// (the questions) and by the relevance calibration of gating's τ (relevance-calibration.test.ts and
+// bench/calibrate-relevance.js, which reads the same data: it lives in memory-corpus.json because
+// the bench runs on plain Node over dist/, and test files are not compiled there).
+//
+// Memories share many words on purpose (family members, days, places recur), and questions are
+// phrased differently from their memory: other word forms ("swimming" for "swim"), partial overlap,
+// or only a rare name in common. The off-topic queries (25 English, 25 Chinese) are general
+// knowledge, how-to and personal questions on subjects no memory mentions, worded like the
+// questions ("my", "how", "什么", "怎么"), and avoiding the memories' names and places, so the only
+// overlap is the everyday wording a real off-topic turn shares with a user's memories.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { repoRoot } from "./paths.js";
 
-export const MEMORIES: string[] = [
-  "My sister Anna lives in Lisbon and works as an architect",
-  "My brother Tom moved to Toronto last spring for a job in banking",
-  "I swim at the community pool every Tuesday and Thursday morning",
-  "On Tuesdays I also have a piano lesson with Mrs. Keller after work",
-  "My favourite food is Thai green curry, the spicier the better",
-  "I am allergic to shellfish, especially shrimp and crab",
-  "My daughter Mia started primary school in September",
-  "My son Leo plays the violin in the school orchestra",
-  "We adopted a grey cat named Pepper from the shelter",
-  "Our dog Rufus is a nine year old beagle who loves long walks",
-  "I drive a blue 2015 Honda Civic that needs new brakes",
-  "My wife Clara is a paediatric nurse at the city hospital",
-  "My mother lives in Porto and visits us every Christmas",
-  "My father passed away in 2019; he was a carpenter",
-  "I am learning Japanese and practise kanji every evening",
-  "I run the Berlin marathon every September with my colleague Jan",
-  "My best friend Omar owns a bakery that sells sourdough bread",
-  "I work as a data engineer at a logistics startup called Freightly",
-  "My manager at work is called Priya and she is very supportive",
-  "I have a dentist appointment on the 14th of next month",
-  "I collect vintage fountain pens, mostly Pelikan and Montblanc",
-  "Every summer we rent a cabin by Lake Tahoe for two weeks",
-  "I broke my left wrist skiing in the Alps in 2021",
-  "I prefer tea over coffee, usually Earl Grey with a little milk",
-  "My grandmother taught me to bake apple strudel",
-  "I am saving money to buy a house with a garden",
-  "My car insurance renews every March with Allianz",
-  "I volunteer at the food bank on the first Saturday of each month",
-  "I read mostly science fiction; my favourite author is Ursula Le Guin",
-  "My cousin Sofia is getting married in Florence in June",
-  "I am vegetarian on weekdays but eat fish at weekends",
-  "My laptop is a ThinkPad X1 Carbon that I bought secondhand",
-  "I play badminton with my neighbour Kenji on Sunday afternoons",
-  "My favourite band is Radiohead and I saw them live in 2017",
-  "Our wedding anniversary is on the 3rd of August",
-  "I have mild asthma and carry an inhaler when jogging",
-  "My son Leo is afraid of thunderstorms",
-  "I want to visit Patagonia and hike to Fitz Roy",
-  "My phone number changed when I switched to a new carrier",
-  "My daughter Mia is allergic to peanuts",
-  "我妹妹在上海的一家银行工作",
-  "我每天早上喝一杯绿茶",
-  "我的女儿喜欢画画，尤其是画猫",
-  "我们家住在杭州西湖附近",
-  "我周末经常去爬山，最喜欢黄山",
-  "我对花粉过敏，春天总是打喷嚏",
-  "我的爷爷以前是一名中学数学老师",
-  "我正在学习弹吉他，每周上一次课",
-  "我最喜欢吃四川火锅，越辣越好",
-  "我的儿子明年要参加高考",
-  "我养了一只金毛犬，名字叫豆豆",
-  "我在一家互联网公司做产品经理",
-  "我每个月给父母寄一次钱",
-  "我的生日是十月二十号",
-  "我打算明年夏天去云南旅游",
-];
+interface CorpusFile {
+  memories: string[];
+  /** [question, index of the memory that answers it] */
+  questions: [string, number][];
+  offTopic: string[];
+}
+
+const corpus = JSON.parse(readFileSync(join(repoRoot, "test", "support", "memory-corpus.json"), "utf8")) as CorpusFile;
+
+export const MEMORIES: string[] = corpus.memories;
 
 /** [question, index of the memory that answers it] */
-export const QUESTIONS: [string, number][] = [
-  ["Where does Anna live?", 0],
-  ["What does my sister do for a living?", 0],
-  ["Which city did Tom move to?", 1],
-  ["When do I go swimming?", 2],
-  ["Who teaches my piano lessons?", 3],
-  ["What is my favourite dish?", 4],
-  ["Which seafood am I allergic to?", 5],
-  ["When did Mia start school?", 6],
-  ["What instrument does Leo play?", 7],
-  ["What is the name of our cat?", 8],
-  ["What breed is Rufus?", 9],
-  ["What car do I drive?", 10],
-  ["What is Clara's job?", 11],
-  ["When does my mother visit?", 12],
-  ["What did my father do for work?", 13],
-  ["Which language am I learning?", 14],
-  ["Which marathon do I run?", 15],
-  ["What does Omar's bakery sell?", 16],
-  ["Where do I work?", 17],
-  ["Who is my boss?", 18],
-  ["When is my dentist appointment?", 19],
-  ["What do I collect?", 20],
-  ["Where do we spend our summer holidays?", 21],
-  ["How did I break my wrist?", 22],
-  ["Do I prefer tea or coffee?", 23],
-  ["Who taught me baking?", 24],
-  ["What am I saving money for?", 25],
-  ["When does my car insurance renew?", 26],
-  ["When do I volunteer at the food bank?", 27],
-  ["Who is my favourite author?", 28],
-  ["Where is Sofia's wedding?", 29],
-  ["Do I eat fish?", 30],
-  ["What laptop do I use?", 31],
-  ["Who do I play badminton with?", 32],
-  ["Which band do I like most?", 33],
-  ["When is our anniversary?", 34],
-  ["Why do I carry an inhaler?", 35],
-  ["What is Leo scared of?", 36],
-  ["Where do I want to go hiking?", 37],
-  ["Why did my phone number change?", 38],
-  ["Is Mia allergic to anything?", 39],
-  ["我妹妹在哪里工作？", 40],
-  ["我早上喝什么？", 41],
-  ["我女儿的爱好是什么？", 42],
-  ["我们家住在哪里？", 43],
-  ["我周末做什么运动？", 44],
-  ["我对什么过敏？", 45],
-  ["我爷爷以前做什么工作？", 46],
-  ["我在学什么乐器？", 47],
-  ["我喜欢吃什么？", 48],
-  ["我儿子什么时候高考？", 49],
-  ["我的狗叫什么名字？", 50],
-  ["我的职业是什么？", 51],
-  ["我多久给父母寄钱？", 52],
-  ["我哪天过生日？", 53],
-  ["我明年夏天去哪里？", 54],
-];
+export const QUESTIONS: [string, number][] = corpus.questions;
+
+/** Queries that none of MEMORIES answers. */
+export const OFF_TOPIC: string[] = corpus.offTopic;
+
+/** One half of the gate's labelled queries. */
+export interface GateQueries {
+  relevant: string[];
+  offTopic: string[];
+}
+
+/**
+ * The two halves gating's τ is calibrated on and checked on. Questions go by the memory that
+ * answers them (even index: calibration), so two questions about one memory never sit on both
+ * sides; off-topic queries alternate. bench/calibrate-relevance.js splits the same way.
+ */
+export const GATE_SPLIT: { calibration: GateQueries; heldOut: GateQueries } = {
+  calibration: { relevant: QUESTIONS.filter(([, m]) => m % 2 === 0).map(([q]) => q), offTopic: OFF_TOPIC.filter((_, i) => i % 2 === 0) },
+  heldOut: { relevant: QUESTIONS.filter(([, m]) => m % 2 === 1).map(([q]) => q), offTopic: OFF_TOPIC.filter((_, i) => i % 2 === 1) },
+};
