@@ -11,6 +11,14 @@ export type JsonValue = string | number | boolean | null | JsonValue[] | { [key:
 export interface Embedder {
   readonly id: string;
   readonly dim: number;
+  /**
+   * DKI gating's default relevance threshold τ for this embedder's vectors: the cosine similarity
+   * a query's best memory needs before memories are injected at all. How high a relevant memory
+   * scores is a property of the embedder, so τ is measured per embedder on a labelled corpus
+   * (calibrateRelevance, src/memory/calibrate.ts). Undefined: not calibrated, and gating falls back
+   * to its own default. A DKI config that sets gating.relevanceThreshold overrides it.
+   */
+  readonly relevanceThreshold?: number;
   embed(texts: string[]): Promise<Float32Array[]>;
 }
 

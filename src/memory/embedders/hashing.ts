@@ -43,6 +43,21 @@ const WEIGHT = {
   symbol: 1.0,
 } as const;
 
+/**
+ * Gating's τ for "hashing-v1" vectors of the default 512 dimensions: calibrateRelevance
+ * (src/memory/calibrate.ts) on the calibration half of test/support/memory-corpus.json (55
+ * memories; 29 questions a memory answers, 25 off-topic queries, English and Chinese) puts the
+ * cut at 0.1622, the midpoint of the gap between the highest off-topic score let out (0.158) and
+ * the lowest relevant one let in (0.166); kept to three decimals so τ stays mid-gap. Lexical
+ * hashing scores a paraphrase far lower than a sentence model does (a relevant question's best
+ * memory has a median cosine near 0.31 here, an off-topic query's near 0.12), hence a τ well below
+ * a sentence model's. test/relevance-calibration.test.ts recomputes it: changing the features or
+ * their weights changes the scores, so it means recalibrating (bench/calibrate-relevance.js) and
+ * a new `id` version. Other dimensions collide differently (the same corpus gives 0.31 at 128 and
+ * 0.17 at 1024), so they are left uncalibrated.
+ */
+export const HASHING_RELEVANCE_THRESHOLD = 0.162;
+
 /** Texts embedded between event-loop yields, so a large batch does not stall other work. */
 const YIELD_EVERY = 64;
 
@@ -99,6 +114,8 @@ function fmix32(h: number): number {
 export class HashingEmbedder implements Embedder {
   readonly id: string;
   readonly dim: number;
+  /** HASHING_RELEVANCE_THRESHOLD at the default 512 dimensions; undefined (not calibrated) at any other. */
+  readonly relevanceThreshold: number | undefined;
 
   constructor(options: HashingEmbedderOptions = {}) {
     const dim = options.dim ?? DEFAULT_DIM;
@@ -107,6 +124,7 @@ export class HashingEmbedder implements Embedder {
     }
     this.dim = dim;
     this.id = `hashing-v1-d${dim}`;
+    this.relevanceThreshold = dim === DEFAULT_DIM ? HASHING_RELEVANCE_THRESHOLD : undefined;
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {

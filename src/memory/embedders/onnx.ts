@@ -26,6 +26,14 @@ export interface OnnxEmbedderOptions {
   batchSize?: number;
   /** onnxruntime's intra-op threads. Default min(4, available cores). */
   threads?: number;
+  /**
+   * DKI gating's τ for this model's vectors (Embedder.relevanceThreshold), in [0, 1]. A sentence
+   * model scores relevant memories much higher than the hashing embedder does, so its τ differs,
+   * but it is not known here: no model ships with this package, so none could be calibrated.
+   * Measure it with calibrateRelevance (or `node bench/calibrate-relevance.js --onnx DIR`) on
+   * labelled queries like the user's and pass it; left out, gating uses its fallback default.
+   */
+  relevanceThreshold?: number;
 }
 
 /** How the model's output becomes one vector per text. */
@@ -64,6 +72,8 @@ export class OnnxEmbedder implements Embedder {
   private constructor(
     id: string,
     dim: number,
+    /** The caller's calibrated τ (OnnxEmbedderOptions.relevanceThreshold); undefined by default. */
+    readonly relevanceThreshold: number | undefined,
     /** Tokens per text, special tokens included. */
     readonly maxLength: number,
     readonly batchSize: number,
@@ -81,6 +91,10 @@ export class OnnxEmbedder implements Embedder {
     const batchSize = checkInt("batchSize", options.batchSize ?? DEFAULT_BATCH_SIZE, 1, 4096);
     const threads = checkInt("threads", options.threads ?? Math.min(4, availableParallelism()), 1, 1024);
     if (options.maxLength !== undefined) checkInt("maxLength", options.maxLength, 3, 1 << 16);
+    const tau = options.relevanceThreshold;
+    if (tau !== undefined && (typeof tau !== "number" || !(tau >= 0 && tau <= 1))) {
+      throw new DkiArgumentError(`OnnxEmbedder.load: relevanceThreshold must be a number in [0, 1], got ${String(tau)}`);
+    }
 
     const folder = resolve(dir);
     if (!(await isKind(folder, "dir"))) throw new DkiArgumentError(`OnnxEmbedder.load: ${folder} is not a folder`);
@@ -113,9 +127,9 @@ export class OnnxEmbedder implements Embedder {
       const hash = await sha256File(modelPath);
       const id = `onnx:${basename(folder)}:${hash.slice(0, 12)}:${plan.pooling}`;
       // A probe run finds the dimension (symbolic in most exports) and proves the model runs.
-      const embedder = new OnnxEmbedder(id, 0, maxLength, batchSize, session, tokenizer, template, plan, ort);
+      const embedder = new OnnxEmbedder(id, 0, tau, maxLength, batchSize, session, tokenizer, template, plan, ort);
       const [probe] = await embedder.runBatch([[...template.prefix, ...tokenizer.encode("probe", { addSpecialTokens: false }), ...template.suffix]]);
-      return new OnnxEmbedder(id, probe.length, maxLength, batchSize, session, tokenizer, template, plan, ort);
+      return new OnnxEmbedder(id, probe.length, tau, maxLength, batchSize, session, tokenizer, template, plan, ort);
     } catch (e) {
       await session.release();
       throw e;
