@@ -3,6 +3,7 @@
 // halfway through a turn.
 import { DkiArgumentError } from "../errors.js";
 import type { PositionStrategy } from "../engine/model.js";
+import type { Embedder } from "../memory/types.js";
 
 /** What each memory block is encoded behind (part of its cache key). */
 export type EncodingPrefix = "none" | "bos" | "bos+system";
@@ -20,10 +21,22 @@ export type HistoryLanguageSetting = "auto" | "cn" | "en";
  */
 export type RelevanceSignal = "dense" | "fused";
 
+/**
+ * Where gating's τ came from: "config" (the caller set gating.relevanceThreshold), "embedder" (the
+ * embedder's calibrated Embedder.relevanceThreshold) or "default" (neither: the fallback 0.25).
+ */
+export type RelevanceThresholdSource = "config" | "embedder" | "default";
+
 export interface GatingConfig {
   relevanceSignal: RelevanceSignal;
-  /** τ: the relevance a memory needs to be injected at all (the top one's decides whether any is). */
+  /**
+   * τ: the relevance a memory needs to be injected at all (the top one's decides whether any is).
+   * Left out, it is the embedder's calibrated value (Embedder.relevanceThreshold; the hashing
+   * embedder's is HASHING_RELEVANCE_THRESHOLD), else 0.25. A value given here always wins, 0 included.
+   */
   relevanceThreshold: number;
+  /** Where relevanceThreshold came from; set by resolveConfig, not by the caller. */
+  relevanceThresholdSource: RelevanceThresholdSource;
   /** The top-1/top-2 margin needed besides (0: none). */
   minMargin: number;
   /** w_H: weight of the normalised entropy (Ĥ − ½). */
@@ -74,7 +87,9 @@ export interface DKIConfig {
 
 export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
   relevanceSignal: "dense",
+  // The fallback for an embedder that has no calibrated τ (see GatingConfig.relevanceThreshold).
   relevanceThreshold: 0.25,
+  relevanceThresholdSource: "default",
   minMargin: 0,
   entropyWeight: 2,
   relevanceWeight: 6,
@@ -103,12 +118,16 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
 });
 
 /** A caller's partial settings: any field may be left out, gating's too. */
-export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Partial<GatingConfig> };
+export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">> };
 
-/** Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one. */
-export function resolveConfig(input: DKIConfigInput = {}): DKIConfig {
+/**
+ * Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one.
+ * Gating's τ, when `input` leaves it out, is `embedder`'s calibrated relevanceThreshold if it has
+ * one (the embedder whose cosines gating reads), else DEFAULT_GATING's.
+ */
+export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedder, "id" | "relevanceThreshold">): DKIConfig {
   if (input === null || typeof input !== "object") throw new DkiArgumentError(`config must be an object, got ${String(input)}`);
-  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}) } };
+  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) } };
   const g = c.gating;
   const finite = (name: string, v: unknown) => {
     if (typeof v !== "number" || !Number.isFinite(v)) throw new DkiArgumentError(`config.${name} must be a finite number, got ${shown(v)}`);
@@ -148,6 +167,16 @@ export function resolveConfig(input: DKIConfigInput = {}): DKIConfig {
   choice("chatTemplate", c.chatTemplate, ["auto", "never"]);
   if (c.systemPrompt !== undefined && typeof c.systemPrompt !== "string") throw new DkiArgumentError(`config.systemPrompt must be a string, got ${shown(c.systemPrompt)}`);
   return c;
+}
+
+/** τ and its source: the caller's (even 0), else the embedder's calibrated one, else the fallback. */
+function relevanceThreshold(input: DKIConfigInput, embedder?: Pick<Embedder, "id" | "relevanceThreshold">): Pick<GatingConfig, "relevanceThreshold" | "relevanceThresholdSource"> {
+  const given = input.gating?.relevanceThreshold;
+  if (given !== undefined) return { relevanceThreshold: given, relevanceThresholdSource: "config" };
+  if (embedder?.relevanceThreshold === undefined) return { relevanceThreshold: DEFAULT_GATING.relevanceThreshold, relevanceThresholdSource: "default" };
+  const own: unknown = embedder.relevanceThreshold;
+  if (typeof own !== "number" || !Number.isFinite(own)) throw new DkiArgumentError(`embedder ${embedder.id}'s relevanceThreshold must be a finite number, got ${shown(own)}`);
+  return { relevanceThreshold: own, relevanceThresholdSource: "embedder" };
 }
 
 function shown(v: unknown): string {

@@ -1,6 +1,7 @@
 // The open and close sequences DKISystem and RAGSystem share: the options checked, the config
-// resolved, the model loaded (and owned) when given as a path, the store and the K/V cache opened,
-// and whatever was opened closed again, in reverse, when a later step fails.
+// resolved (gating's τ by default the store's embedder's), the model loaded (and owned) when given
+// as a path, the store and the K/V cache opened, and whatever was opened closed again, in reverse,
+// when a later step fails.
 import { resolve } from "node:path";
 import { Model, type LoadOptions } from "../engine/model.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
@@ -41,7 +42,11 @@ export interface SystemOpenOptions {
 export interface SystemParts {
   model: Model;
   ownsModel: boolean;
-  config: DKIConfig;
+  /**
+   * The resolved config. Readable once openStore() has run: gating's τ, when the caller's config
+   * leaves it out, follows the embedder the store actually uses (its default one when none was given).
+   */
+  readonly config: DKIConfig;
   budgets: CacheBudgets;
   cacheDir: string;
   /** Opens the store; it is closed again if a later step fails. */
@@ -59,7 +64,9 @@ export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOpt
   if (o === null || typeof o !== "object") throw new DkiArgumentError(`${who}.open needs { model, dataDir }`);
   if (typeof o.dataDir !== "string" || o.dataDir === "") throw new DkiArgumentError(`${who}.open: dataDir must be a folder path`);
   if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError(`${who}.open: model must be a loaded Model or a model path`);
-  const config = resolveConfig(o.config);
+  // Every value checked now, before any model is loaded; resolved again once the store is open.
+  resolveConfig(o.config, o.embedder);
+  let config: DKIConfig | null = null;
   const checked = check?.() as C;
   const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
   const cacheDir = o.cacheDir ?? defaultCacheDir(o.dataDir);
@@ -72,10 +79,18 @@ export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOpt
       {
         model,
         ownsModel,
-        config,
+        get config(): DKIConfig {
+          // Read before the store is open, τ could silently be the wrong embedder's.
+          if (config === null) throw new Error(`${who}.open: the config was read before the store was opened`);
+          return config;
+        },
         budgets,
         cacheDir,
-        openStore: async () => undone(await (o.openStore ?? defaultStoreOpener)({ dir: o.dataDir, embedder: o.embedder })),
+        openStore: async () => {
+          const store = undone(await (o.openStore ?? defaultStoreOpener)({ dir: o.dataDir, embedder: o.embedder }));
+          config = resolveConfig(o.config, store.embedder);
+          return store;
+        },
         openCache: async () => undone(await TieredKVCache.open({ model, dir: cacheDir, budgets })),
       },
       checked,
