@@ -448,7 +448,7 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
                                    {InstanceMethod("info", &BlockWrap::Info), InstanceMethod("dispose", &BlockWrap::Dispose),
                                     InstanceMethod("scaleValues", &BlockWrap::ScaleValues), InstanceMethod("slice", &BlockWrap::Slice),
                                     InstanceMethod("serialize", &BlockWrap::Serialize), InstanceMethod("storageBytes", &BlockWrap::StorageBytes), InstanceMethod("serializedBytes", &BlockWrap::SerializedBytes),
-                                    InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values),
+                                    InstanceMethod("keys", &BlockWrap::Keys), InstanceMethod("values", &BlockWrap::Values), InstanceMethod("valueAbsMax", &BlockWrap::ValueAbsMax),
                                     InstanceMethod("toDevice", &BlockWrap::ToDevice), InstanceMethod("toHost", &BlockWrap::ToHost)});
     classes(env).block = Napi::Persistent(f);
     exports.Set("NativeKVBlock", f);
@@ -542,6 +542,12 @@ class BlockWrap : public Napi::ObjectWrap<BlockWrap> {
   Napi::Value SerializedBytes(const Napi::CallbackInfo& info) {
     auto b = block(info.Env());
     return Napi::Number::New(info.Env(), double(serialized_bytes(*b, storage_arg(info, "serializedBytes(storage: string)"))));
+  }
+  // valueAbsMax() → the largest |value|, +inf when a key or value is NaN or ±inf. Scanned once
+  // (on the block's device), then remembered by the block: injection reads the same figure.
+  Napi::Value ValueAbsMax(const Napi::CallbackInfo& info) {
+    auto b = block(info.Env());
+    return Napi::Number::New(info.Env(), double(js_errors(info.Env(), [&] { return known_value_abs_max(*b); })));
   }
   // keys() / values(): copies of the fp32 tensors, [layer][kv_head][token][head_dim], for tests and analysis.
   Napi::Value Keys(const Napi::CallbackInfo& info) { return Copy(info.Env(), host_tensors(info.Env(), "keys").k); }

@@ -126,6 +126,27 @@ describe("non-finite values", () => {
     await expect(Model.load(dir, { checkTensors: "yes" as unknown as boolean })).rejects.toThrow(/checkTensors must be true or false, got "yes"/);
   });
 
+  test("the tiered cache neither computes into its tiers nor accepts a block holding NaN", async () => {
+    const first = (await clean.generate(PROMPT, { maxNewTokens: 1, stopOnEos: false })).tokens[0]!;
+    const m = await Model.load(await poisoned("model.embed_tokens.weight", first * clean.config.hiddenSize), { contextSize: 64 });
+    const cache = await TieredKVCache.open({ model: m, dir: tempDir(), budgets: { l1Bytes: 1 << 24, l2Bytes: 1 << 24, l3Bytes: 1 << 24 } });
+    try {
+      const req = { userId: "u", tokens: [first], startPos: -1 };
+      await expect(cache.get(req)).rejects.toThrow(new NonFiniteError("the K/V computed for 1 tokens at position -1 holds NaN or ±inf (the model's weights or its activations on these tokens are not finite); nothing was cached"));
+      await expect(cache.put(req, await m.computeBlock([first], { startPos: -1 }))).rejects.toThrow(/^put\(\): the block holds NaN or ±inf in its keys or values: it cannot be injected, and is not stored$/);
+      await cache.flush();
+      const s = cache.stats();
+      expect([s.L1.entries, s.L2.entries, s.L3.entries]).toEqual([0, 0, 0]);
+      // A clean block of the same model is cached as always.
+      const ok = { userId: "u", tokens: m.tokenizer.encode("fine", { addSpecialTokens: false }), startPos: -1 };
+      expect((await cache.get(ok)).tier).toBe("L4");
+      expect((await cache.get(ok)).tier).toBe("L1");
+    } finally {
+      await cache.close();
+      m.dispose();
+    }
+  });
+
   test("a NaN met while decoding names the decode step; a block holding NaN is refused by the segment's index", async () => {
     const first = (await clean.generate(PROMPT, { maxNewTokens: 1, stopOnEos: false })).tokens[0]!;
     expect(clean.encodePrompt(PROMPT)).not.toContain(first);
@@ -139,6 +160,9 @@ describe("non-finite values", () => {
 
       const bad = await m.computeBlock([first], { startPos: -1 });
       const fine = await m.computeBlock("fine", { startPos: -1 });
+      expect(bad.valueAbsMax()).toBe(Infinity);
+      expect(fine.valueAbsMax()).toBeGreaterThan(0);
+      expect(fine.valueAbsMax()).toBeLessThan(Infinity);
       // segments[0] is below the threshold and left out: the engine's segment 0 is the caller's segments[1].
       const inject = m.generate(PROMPT, { maxNewTokens: 2, segments: [{ kv: fine, alpha: 0.01 }, { kv: bad }] });
       await expect(inject).rejects.toThrow(/^generate: segments\[1\] \(1 tokens\) holds NaN or ±inf \(a key in layer 0 of 2\); it cannot be injected$/);

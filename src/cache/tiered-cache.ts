@@ -35,7 +35,7 @@ import { mkdir } from "node:fs/promises";
 import { performance } from "node:perf_hooks";
 import type { ComputeBlockOptions } from "../engine/model.js";
 import type { NativeModelHandle } from "../engine/native.js";
-import { DkiArgumentError } from "../errors.js";
+import { DkiArgumentError, NonFiniteError } from "../errors.js";
 import { KVBlock } from "../kv/kv-block.js";
 import { blockKey, checkTokenList, KEY_PATTERN, userHash } from "./keys.js";
 import { LatencyStats } from "./latency.js";
@@ -499,6 +499,12 @@ export class TieredKVCache {
     let block: KVBlock;
     try {
       block = await this.model.computeBlock(r.tokens, { startPos: r.startPos, prefix: r.prefix, onDevice: this.l1OnDevice });
+      // Damaged weights (or activations that overflow) give a block no injection will take: it is
+      // refused here, before any tier stores it and serves it to every later turn.
+      if (!(block.valueAbsMax() < Infinity)) {
+        block.dispose();
+        throw new NonFiniteError(`the K/V computed for ${r.tokens.length} tokens at position ${r.startPos} holds NaN or ±inf (the model's weights or its activations on these tokens are not finite); nothing was cached`);
+      }
     } catch (e) {
       this.misses.L4++;
       throw e;
@@ -759,6 +765,7 @@ export class TieredKVCache {
     if (block.fingerprint !== this.model.info.fingerprint) throw error("the block was computed by another model (fingerprint mismatch)");
     if (block.startPos !== r.startPos) throw error(`the block starts at position ${block.startPos}, the request at ${r.startPos}`);
     if (block.nTokens !== r.tokens.length || block.tokens.some((t, i) => t !== r.tokens[i])) throw error("the block's tokens differ from the request's");
+    if (!(block.valueAbsMax() < Infinity)) throw error("the block holds NaN or ±inf in its keys or values: it cannot be injected, and is not stored");
   }
 
   private noteCorrupt(e: unknown): void {

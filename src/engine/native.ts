@@ -58,6 +58,8 @@ export interface NativeKVBlockHandle {
   serializedBytes(storage: KVStorage): number;
   keys(): Float32Array;
   values(): Float32Array;
+  /** The largest |value|; Infinity when a key or value is NaN or ±inf. Scanned once, then remembered. */
+  valueAbsMax(): number;
   /** The block with K and V in that GPU's memory (itself if they are there). CUDA builds only. */
   toDevice(deviceIndex: number): Promise<NativeKVBlockHandle>;
   /** The block with K and V in host memory (itself if they are there). */

@@ -172,6 +172,14 @@ export class KVBlock {
     return this.nativeHandle().values();
   }
 
+  /**
+   * The largest |value| in V, or Infinity when any key or value is NaN or ±inf (such a block
+   * cannot be injected). Scanned once, where the block lives, then remembered by the block.
+   */
+  valueAbsMax(): number {
+    return this.nativeHandle().valueAbsMax();
+  }
+
   dispose(): void {
     this.handle?.dispose();
     this.handle = null;
