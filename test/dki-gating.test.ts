@@ -4,7 +4,7 @@ import { describe, expect, test } from "vitest";
 import { decideGating, DEFAULT_GATING, FairQueue, gateAlpha, resolveConfig, type GatingConfig } from "../src/dki/index.js";
 import { prng } from "./support/prng.js";
 
-// τ = 0.3 here (the default is 0.25) so the hand-computed points read easily.
+// τ = 0.3 here (the default comes from the embedder, 0.25 without one) so the hand-computed points read easily.
 const cfg: GatingConfig = { ...DEFAULT_GATING, relevanceThreshold: 0.3 };
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
 
@@ -44,7 +44,7 @@ describe("decideGating", () => {
     const { calls, probe } = probeOf(0.9);
     const d = await decideGating(cfg, { scores: [0.29, 0.1] }, probe);
     expect(d).toMatchObject({ inject: false, alpha: 0, relevance: 0.29, entropy: null, forced: false });
-    expect(d.reason).toBe("top relevance 0.29 is below the threshold 0.30: no memory injected");
+    expect(d.reason).toBe("top relevance 0.290 is below the threshold 0.300: no memory injected");
     expect(calls.n).toBe(0);
     const empty = await decideGating(cfg, { scores: [] }, probe);
     expect(empty.reason).toBe("no memory of this user matched the query");
@@ -59,7 +59,7 @@ describe("decideGating", () => {
     expect(d.alpha).toBeCloseTo(alpha, 12);
     expect(d.margin).toBeCloseTo(0.3, 12);
     expect(d.entropy).toBe(0.8);
-    expect(d.reason).toBe(`top relevance 0.70 ≥ 0.30 (margin 0.30), model entropy 0.80 of its maximum → α = ${alpha.toFixed(2)}`);
+    expect(d.reason).toBe(`top relevance 0.700 ≥ 0.300 (margin 0.30), model entropy 0.80 of its maximum → α = ${alpha.toFixed(2)}`);
     expect(calls.n).toBe(1);
   });
 
@@ -79,7 +79,7 @@ describe("decideGating", () => {
 
   test("forceAlpha and allowInjection are honoured without a probe", async () => {
     const { calls, probe } = probeOf(0.5);
-    expect(await decideGating(cfg, { scores: [0.01], forceAlpha: 0.7 }, probe)).toMatchObject({ inject: true, alpha: 0.7, forced: true, reason: "α forced to 0.70 for 1 routed memory (top relevance 0.01)" });
+    expect(await decideGating(cfg, { scores: [0.01], forceAlpha: 0.7 }, probe)).toMatchObject({ inject: true, alpha: 0.7, forced: true, reason: "α forced to 0.70 for 1 routed memory (top relevance 0.010)" });
     expect(await decideGating(cfg, { scores: [0.9], forceAlpha: 0.05 }, probe)).toMatchObject({ inject: false, alpha: 0, forced: true, reason: "α forced to 0.05, below the injection threshold 0.10: nothing injected" });
     expect(await decideGating(cfg, { scores: [], forceAlpha: 1 }, probe)).toMatchObject({ inject: false, reason: "α forced to 1.00, but no memory of this user matched the query" });
     expect(await decideGating(cfg, { scores: [0.99], forceAlpha: 1, allowInjection: false }, probe)).toMatchObject({ inject: false, alpha: 0, reason: "injection is off for this turn (allowInjection: false)" });
@@ -91,7 +91,7 @@ describe("decideGating", () => {
 
   test("α = 0 follows the engine's rule: injected when alphaThreshold is 0 (forced or gated), left out at the default threshold", async () => {
     const { calls, probe } = probeOf(0.5);
-    expect(await decideGating({ ...cfg, alphaThreshold: 0 }, { scores: [0.9], forceAlpha: 0 }, probe)).toMatchObject({ inject: true, alpha: 0, forced: true, reason: "α forced to 0.00 for 1 routed memory (top relevance 0.90)" });
+    expect(await decideGating({ ...cfg, alphaThreshold: 0 }, { scores: [0.9], forceAlpha: 0 }, probe)).toMatchObject({ inject: true, alpha: 0, forced: true, reason: "α forced to 0.00 for 1 routed memory (top relevance 0.900)" });
     expect(await decideGating(cfg, { scores: [0.9], forceAlpha: 0 }, probe)).toMatchObject({ inject: false, alpha: 0, forced: true, reason: "α forced to 0.00, below the injection threshold 0.10: nothing injected" });
     expect(calls.n).toBe(0);
     // Gated: α_max 0 clamps the formula's α to 0, which threshold 0 still injects.
@@ -112,7 +112,7 @@ describe("decideGating", () => {
     expect(calls.n).toBe(0);
     expect(d).toMatchObject({ inject: true, entropy: null });
     expect(d.alpha).toBeCloseTo(sigmoid(6 * 0.4 + 2 * 0.3), 12);
-    expect(d.reason).toBe(`top relevance 0.70 ≥ 0.30 (margin 0.30), entropy probe off (Ĥ taken as 0.50) → α = ${sigmoid(6 * 0.4 + 2 * 0.3).toFixed(2)}`);
+    expect(d.reason).toBe(`top relevance 0.700 ≥ 0.300 (margin 0.30), entropy probe off (Ĥ taken as 0.50) → α = ${sigmoid(6 * 0.4 + 2 * 0.3).toFixed(2)}`);
     expect(() => resolveConfig({ gating: { entropyProbe: "no" as unknown as boolean } })).toThrow('config.gating.entropyProbe must be true or false, got "no"');
   });
 

@@ -44,6 +44,9 @@ export interface GatingInput {
 
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
 const f2 = (x: number) => x.toFixed(2);
+// Relevance and τ to three places: a calibrated τ has three (0.162), and two would print a score
+// just below it as equal to it.
+const f3 = (x: number) => x.toFixed(3);
 
 /** The α formula alone (no threshold, no relevance cut-off). */
 export function gateAlpha(cfg: GatingConfig, s: { relevance: number; margin: number; entropy: number }): number {
@@ -74,17 +77,17 @@ export async function decideGating(cfg: GatingConfig, input: GatingInput, probeE
     const a = input.forceAlpha;
     if (n === 0) return no(`α forced to ${f2(a)}, but no memory of this user matched the query`, { forced: true });
     if (a < cfg.alphaThreshold) return no(`α forced to ${f2(a)}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { forced: true });
-    return { ...base, inject: true, alpha: a, forced: true, reason: `α forced to ${f2(a)} for ${routed} (top relevance ${f2(s1)})` };
+    return { ...base, inject: true, alpha: a, forced: true, reason: `α forced to ${f2(a)} for ${routed} (top relevance ${f3(s1)})` };
   }
   if (n === 0) return no("no memory of this user matched the query");
-  if (s1 < cfg.relevanceThreshold) return no(`top relevance ${f2(s1)} is below the threshold ${f2(cfg.relevanceThreshold)}: no memory injected`);
-  if (s1 - s2 < cfg.minMargin) return no(`top relevance ${f2(s1)} clears the threshold but its margin ${f2(s1 - s2)} over the next is below ${f2(cfg.minMargin)}: ambiguous, no memory injected`);
+  if (s1 < cfg.relevanceThreshold) return no(`top relevance ${f3(s1)} is below the threshold ${f3(cfg.relevanceThreshold)}: no memory injected`);
+  if (s1 - s2 < cfg.minMargin) return no(`top relevance ${f3(s1)} clears the threshold but its margin ${f2(s1 - s2)} over the next is below ${f2(cfg.minMargin)}: ambiguous, no memory injected`);
   const probed = cfg.entropyProbe ? await probeEntropy() : null;
   if (probed !== null && !Number.isFinite(probed)) return no(`the model's entropy on the query is not a number (${probed}): no memory injected`);
   const h = probed ?? 0.5;
   const alpha = gateAlpha(cfg, { relevance: s1, margin: s1 - s2, entropy: h });
   const uncertainty = probed === null ? "entropy probe off (Ĥ taken as 0.50)" : `model entropy ${f2(h)} of its maximum`;
-  const why = `top relevance ${f2(s1)} ≥ ${f2(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), ${uncertainty} → α = ${f2(alpha)}`;
+  const why = `top relevance ${f3(s1)} ≥ ${f3(cfg.relevanceThreshold)} (margin ${f2(s1 - s2)}), ${uncertainty} → α = ${f2(alpha)}`;
   if (alpha < cfg.alphaThreshold) return no(`${why}, below the injection threshold ${f2(cfg.alphaThreshold)}: nothing injected`, { entropy: probed, alpha: 0 });
   return { ...base, entropy: probed, inject: true, alpha, reason: why };
 }

@@ -365,7 +365,7 @@ export class DKISystem {
       for (const r of plan.routed) {
         const id = r.memory.id;
         if (!gating.forced && relevance(r) < g.relevanceThreshold) {
-          leftOut.push({ id, reason: `relevance ${relevance(r).toFixed(2)} is below the threshold ${g.relevanceThreshold.toFixed(2)}` });
+          leftOut.push({ id, reason: `relevance ${relevance(r).toFixed(3)} is below the threshold ${g.relevanceThreshold.toFixed(3)}` });
           continue;
         }
         const tokens = this.memoryTokens(r.memory.text);
