@@ -76,5 +76,17 @@ describe("dki chat", () => {
     expect(await fails(["--format", "json"])).toBe("dki: --format json prints one answer: give --query with it\n");
     expect(await fails(["--query", "hi", "--alpha", "1.5"])).toMatch(/^dki: option '--alpha <a>' argument '1\.5' is invalid\. --alpha must be a number in \[0, 1\], got "1\.5" \(see --help\)\n$/);
     expect(await fails(["--query", "hi", "--session", " "])).toBe("dki: --session must not be empty\n");
+    expect(await fails(["--query", "hi", "--alpha", "0.5", "--relevance-threshold", "0.3"])).toBe("dki: --relevance-threshold is the gate's: it does nothing with --alpha or --no-memory\n");
+    expect(await fails(["--query", "hi", "--mode", "rag", "--relevance-threshold", "0.3"])).toBe("dki: --relevance-threshold applies to --mode dki only\n");
+    expect(await fails(["--query", "hi", "--relevance-threshold", "-1"])).toMatch(/--relevance-threshold must be a number in \[0, 1\], got "-1"/);
+  });
+
+  test("--relevance-threshold sets the gate's τ: above the memory's relevance, nothing is injected", async () => {
+    const ask = ["chat", "--model", model, "--data", data, "--user", "alice", "--session", "tau", "--query", "Any tips for hiking in the Alps with a peanut allergy?", "--format", "json", "-n", "1", "--threads", "1"];
+    const gated = JSON.parse((await dki([...ask, "--relevance-threshold", "0.99"])).stdout);
+    expect(gated.memories_used).toEqual([]);
+    expect(gated.gating.reason).toMatch(/^top relevance 0\.\d{3} is below the threshold 0\.990: no memory injected$/);
+    const open = JSON.parse((await dki([...ask, "--relevance-threshold", "0"])).stdout);
+    expect(open.memories_used.map((m: { id: string }) => m.id)).toEqual([memId]);
   });
 });

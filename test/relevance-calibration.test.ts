@@ -2,7 +2,6 @@
 // with a known answer; the hashing embedder's constant recomputed from the labelled corpus (so it
 // cannot drift from the features unnoticed) and checked on the held-out half; and the DKI config's
 // default following the embedder, a caller's own τ always winning.
-import { copyFileSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import type { Model } from "../src/engine/model.js";
@@ -13,8 +12,8 @@ import { OnnxEmbedder } from "../src/memory/embedders/onnx.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
 import { tinyModel } from "./support/cache.js";
 import { GATE_SPLIT, MEMORIES, OFF_TOPIC } from "./support/memory-corpus.js";
-import { fixtures, tempDir } from "./support/paths.js";
-import { TINY_BERT_DEFAULTS, tinyBertOnnx, tinyBertWeights } from "./support/tiny-bert.js";
+import { tempDir } from "./support/paths.js";
+import { writeTinyBertFolder } from "./support/tiny-bert.js";
 
 describe("chooseThreshold", () => {
   test("separable groups: τ mid-gap, every relevant query in and every off-topic one out", () => {
@@ -161,11 +160,7 @@ describe("the DKI config's τ follows the embedder", () => {
 
   test("OnnxEmbedder: no τ unless the caller passes one, which the config then follows", async () => {
     await expect(OnnxEmbedder.load(tempDir(), { relevanceThreshold: 1.5 })).rejects.toThrow("OnnxEmbedder.load: relevanceThreshold must be a number in [0, 1], got 1.5");
-    const dir = tempDir("dki-onnx-");
-    mkdirSync(dir, { recursive: true });
-    copyFileSync(join(fixtures, "minilm-tokenizer", "tokenizer.json"), join(dir, "tokenizer.json"));
-    writeFileSync(join(dir, "config.json"), JSON.stringify({ max_position_embeddings: TINY_BERT_DEFAULTS.maxPositions }));
-    writeFileSync(join(dir, "model.onnx"), tinyBertOnnx(tinyBertWeights(3, TINY_BERT_DEFAULTS)));
+    const dir = writeTinyBertFolder(join(tempDir("dki-onnx-"), "bert"), 3);
     const plain = await OnnxEmbedder.load(dir, { threads: 1 });
     const calibrated = await OnnxEmbedder.load(dir, { threads: 1, relevanceThreshold: 0.42 });
     try {

@@ -12,11 +12,13 @@ import { answerOnce, baseTurnOptions, chatLoop, checkTurnFlags, loadOptions, out
 /** `--mode rag`: the same turn through the RAG baseline (dki rag has its knowledge-base options). */
 function chatAsRag(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined) throw new Error("--alpha applies to --mode dki only");
+  if (flags.relevanceThreshold !== undefined) throw new Error("--relevance-threshold applies to --mode dki only");
   return ragCommand({ ...flags, session: flags.session });
 }
 
 interface ChatFlags extends TurnFlags {
   alpha?: number;
+  relevanceThreshold?: number;
 }
 
 /** One line on what the turn injected, why and from where. */
@@ -29,10 +31,11 @@ export function turnSummary(r: DKIResponse): string {
 
 async function chat(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined && !flags.memory) throw new Error("give at most one of --alpha and --no-memory");
+  if (flags.relevanceThreshold !== undefined && (flags.alpha !== undefined || !flags.memory)) throw new Error("--relevance-threshold is the gate's: it does nothing with --alpha or --no-memory");
   checkTurnFlags(flags);
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder });
+  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config: flags.relevanceThreshold === undefined ? undefined : { gating: { relevanceThreshold: flags.relevanceThreshold } } });
   try {
     const turnOptions = (signal: AbortSignal, stream: boolean): ChatOptions => ({ ...baseTurnOptions(flags, signal, stream), forceAlpha: flags.alpha, allowInjection: flags.memory });
     if (flags.query !== undefined) {
@@ -88,7 +91,8 @@ export function registerChatCommand(program: Command): void {
   outputOptions(
     turnCommandOptions(program.command("chat").description("chat through the DKI system: memories and preferences injected as K/V, history as text"), "the K/V cache's folder (default <data>.kv-cache, beside the store)")
       .option("--alpha <a>", "force α for the memories routed to the turn, in [0, 1]", numberOption("--alpha", { min: 0, max: 1 }))
-      .option("--no-memory", "inject nothing (no memories, no preferences)"),
+      .option("--no-memory", "inject nothing (no memories, no preferences)")
+      .option("--relevance-threshold <t>", "the gate's τ, in [0, 1] (default: the embedder's calibrated one, 0.162 for the hashing embedder; 0.25 for an ONNX model)", numberOption("--relevance-threshold", { min: 0, max: 1 })),
   )
     .option("--mode <mode>", "dki (memory as K/V) or rag (memory as prompt text: the RAG baseline, see dki rag)", choiceOption("--mode", ["dki", "rag"] as const), "dki")
     .action((flags: ChatFlags & { mode: "dki" | "rag" }) => (flags.mode === "rag" ? chatAsRag(flags) : chat(flags)));
