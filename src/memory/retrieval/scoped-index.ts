@@ -201,10 +201,14 @@ export class ScopedHybridIndex {
     // Every candidate gets all three signals, found by its index or not, so the fused order does
     // not depend on which list happened to surface it.
     const list = [...ids];
-    const raw = list.map((id) => s.bm25.score(id, query.terms));
+    const raw = s.bm25.scores(query.terms, list);
     const top = Math.max(...raw);
+    // Those the dense search did not return get their similarity here, all in one call.
+    const unseen = list.filter((id) => !dense.has(id));
+    const similarities = this.similarities(scope, s, unseen, query.vector);
+    for (let i = 0; i < unseen.length; i++) dense.set(unseen[i], similarities[i]);
     const signals: Signals[] = list.map((id, i) => ({
-      dense: Math.max(0, dense.get(id) ?? this.similarity(scope, s, id, query.vector)),
+      dense: Math.max(0, dense.get(id)!),
       bm25: top > 0 ? raw[i] / top : 0,
       recency: recency(s.at.get(id) ?? 0, now, halfLife),
     }));
@@ -250,9 +254,16 @@ export class ScopedHybridIndex {
     return { scopes: this.scopes.size, documents };
   }
 
-  private similarity(scope: string, s: Scope, id: string, query: Float32Array): number {
-    const v = s.vectors instanceof VectorIndex ? this.options.source.vector?.(scope, id) : undefined;
-    return (v === undefined ? s.vectors.similarity(id, query) : cosine(v, query)) ?? 0;
+  /** The dense signal of candidates the dense search did not return (0 for one it does not hold). */
+  private similarities(scope: string, s: Scope, ids: readonly string[], query: Float32Array): number[] {
+    const { vectors } = s;
+    if (vectors instanceof FlatIndex) return vectors.similarities(ids, query).map((x) => x ?? 0);
+    const read = vectors instanceof VectorIndex ? this.options.source.vector : undefined;
+    const qq = squaredNorm(query);
+    return ids.map((id) => {
+      const v = read?.(scope, id);
+      return (v === undefined ? vectors.similarity(id, query) : cosine(v, query, qq)) ?? 0;
+    });
   }
 
   private get hnswFrom(): number {
@@ -352,16 +363,21 @@ export class ScopedHybridIndex {
   }
 }
 
-function cosine(a: Float32Array, b: Float32Array): number {
+/** Cosine of a and b, given b's squaredNorm (a query's, computed once for all candidates). */
+function cosine(a: Float32Array, b: Float32Array, bb: number): number {
   let dot = 0;
   let aa = 0;
-  let bb = 0;
   for (let i = 0; i < a.length; i++) {
     dot += a[i] * b[i];
     aa += a[i] * a[i];
-    bb += b[i] * b[i];
   }
   return aa === 0 || bb === 0 ? 0 : dot / Math.sqrt(aa * bb);
+}
+
+function squaredNorm(v: Float32Array): number {
+  let s = 0;
+  for (let i = 0; i < v.length; i++) s += v[i] * v[i];
+  return s;
 }
 
 /** Where a scope's index files live: `<base>.hnsw` and `<base>.ids.json`, named by a hash so any scope name is a safe file name. */
