@@ -4,7 +4,7 @@
 //
 // Documents are numbered by slot (reused after a removal), so that a search works on arrays of
 // numbers instead of maps keyed by id strings; ids are looked up only for the few best documents.
-import { TopK } from "./flat-index.js";
+import { TopK } from "./top-k.js";
 
 export interface Bm25Options {
   /** Term-frequency saturation (default 1.2). */

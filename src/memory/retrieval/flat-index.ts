@@ -4,6 +4,8 @@
 // locking at init (≈2.6 MB and ≈4 ms per index, measured here), which a thousand small per-user
 // indexes cannot afford. ScopedHybridIndex moves a scope to HNSW (vector-index.ts) once it grows.
 
+import { TopK } from "./top-k.js";
+
 export interface DenseHit {
   id: string;
   /** Cosine similarity to the query, in [-1, 1]. */
@@ -141,42 +143,6 @@ export class FlatIndex implements DenseIndex {
     }
     for (; slot < this.size; slot++) offer(slot, dot(data, slot * dim, q));
     return top.ids.map((id, i) => ({ id, similarity: top.scores[i] }));
-  }
-}
-
-/**
- * The best `k` (score, id) pairs offered, best first: higher score, then lower id. Cheaper than
- * sorting every candidate when, as in a search, k is small next to their number. (BM25 uses it
- * too; it lives here, with its first user.)
- */
-export class TopK {
-  readonly ids: string[] = [];
-  readonly scores: number[] = [];
-
-  constructor(private readonly k: number) {}
-
-  /** Whether the pair would enter the list, so that costlier checks can be skipped for the rest. */
-  admits(score: number, id: string): boolean {
-    if (this.ids.length < this.k) return true;
-    const last = this.k - 1;
-    return score > this.scores[last] || (score === this.scores[last] && id < this.ids[last]);
-  }
-
-  /** Adds a pair that admits() let in, dropping the worst one if the list was full. */
-  add(score: number, id: string): void {
-    let lo = 0;
-    let hi = this.ids.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (score > this.scores[mid] || (score === this.scores[mid] && id < this.ids[mid])) hi = mid;
-      else lo = mid + 1;
-    }
-    this.ids.splice(lo, 0, id);
-    this.scores.splice(lo, 0, score);
-    if (this.ids.length > this.k) {
-      this.ids.pop();
-      this.scores.pop();
-    }
   }
 }
 
