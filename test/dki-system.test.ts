@@ -387,6 +387,34 @@ describe("many users at once", () => {
   });
 });
 
+describe("one session's turns", () => {
+  test("run one after another: a turn started before the last was recorded still sees it in its history; an abort while waiting rejects that turn only", async () => {
+    const sys = await open({ gating: { relevanceThreshold: 0 } });
+    try {
+      await sys.memories.add(HIKING, { userId: "alice" });
+      const first = sys.chat(HIKING_Q, { userId: "alice", sessionId: "s", maxNewTokens: 6 });
+      const ctl = new AbortController();
+      const dropped = sys.chat("And the weather?", { userId: "alice", sessionId: "s", maxNewTokens: 2, signal: ctl.signal });
+      const second = sys.chat("What should I pack?", { userId: "alice", sessionId: "s", maxNewTokens: 2 });
+      // Another session of the same user does not wait behind "s".
+      const elsewhere = sys.chat("What should I pack?", { userId: "alice", sessionId: "t", maxNewTokens: 2 });
+      ctl.abort(new Error("left"));
+      await expect(dropped).rejects.toThrow("left");
+      const [r1, r2, r3] = await Promise.all([first, second, elsewhere]);
+      expect(r2.metadata.hybridInjection.historyMessages.map((m) => [m.role, m.content])).toEqual([
+        ["user", HIKING_Q],
+        ["assistant", r1.text],
+      ]);
+      expect(r3.metadata.hybridInjection.historyMessages).toEqual([]);
+      expect((await sys.conversations.list({ userId: "alice", sessionId: "s" })).map((t) => t.content)).toEqual([HIKING_Q, r1.text, "What should I pack?", r2.text]);
+      // The wait behind the session's first turn is queue time, not the layer's own cost.
+      expect(r2.latency.queueMs).toBeGreaterThan(0);
+    } finally {
+      await sys.close();
+    }
+  });
+});
+
 describe("a turn in a new process", () => {
   test("gets the block from L3 and logits equal a fresh computation within the int8 form's tolerance", async () => {
     const dataDir = tempDir();

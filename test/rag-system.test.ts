@@ -90,6 +90,12 @@ describe("RAGSystem", () => {
       { role: "assistant", content: r1.text },
     ]);
     expect(r2.promptInfo.finalPrompt).toContain(`Previous conversation:\nUser: ${QUERY}\nAI: ${r1.text}`);
+    // A turn started while the session's last one is still running waits for it, and sees it.
+    const [r3, r4] = await Promise.all([rag.chat("And for sailing?", { userId: "alice", sessionId: "trip", maxNewTokens: 3 }), rag.chat("Thanks!", { userId: "alice", sessionId: "trip", maxNewTokens: 1 })]);
+    expect(r4.promptInfo.historyMessages.slice(-2)).toEqual([
+      { role: "user", content: "And for sailing?" },
+      { role: "assistant", content: r3.text },
+    ]);
     // DKI's history switch applies to RAG too.
     const noHistory = await RAGSystem.open({ model, dataDir: tempDir(), config: { historyEnabled: false }, openStore });
     await noHistory.chat(QUERY, { userId: "alice", sessionId: "h", maxNewTokens: 1 });
@@ -101,12 +107,16 @@ describe("RAGSystem", () => {
       ["assistant", r1.text],
       ["user", "And for cycling?"],
       ["assistant", r2.text],
+      ["user", "And for sailing?"],
+      ["assistant", r3.text],
+      ["user", "Thanks!"],
+      ["assistant", r4.text],
     ]);
     expect(turns[1].injectionMode).toBe("rag");
     expect(turns[1].memoryIds).toEqual(r1.memoriesUsed.map((m) => m.id));
     expect(turns[1].latencyMs).toBeGreaterThan(0);
     const audit = await rag.store.audit.list({ userId: "alice", action: "rag_generate" });
-    expect(audit).toHaveLength(2);
+    expect(audit).toHaveLength(4);
     expect(audit[0].memoryIds).toEqual(r1.memoriesUsed.map((m) => m.id));
     expect(audit[0].mode).toBe("rag");
     // Bob's turn sees none of Alice's memories or history.

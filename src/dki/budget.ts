@@ -37,7 +37,7 @@ export function analyzeBudget(userTokens: number, memoryTokens: number): BudgetA
 
 /** Milliseconds per stage of one turn. */
 export interface LatencyBreakdown {
-  /** Waiting for the model behind other turns. */
+  /** Waiting behind other turns: the same session's earlier turns, then the model's queue. */
   queueMs: number;
   /** Memory search (the router). */
   routingMs: number;

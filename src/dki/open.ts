@@ -3,6 +3,7 @@
 // as a path, the store and the K/V cache opened, and whatever was opened closed again, in reverse,
 // when a later step fails.
 import { resolve } from "node:path";
+import { performance } from "node:perf_hooks";
 import { Model, type LoadOptions } from "../engine/model.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
@@ -168,6 +169,55 @@ export class TurnLedger {
     await Promise.allSettled([...this.inFlight]);
     return true;
   }
+}
+
+/**
+ * The turns of one session, one after another. A turn reads the session's history, and the
+ * conversation is only whole if each turn sees the one before it recorded; turns of other
+ * sessions (and users) do not wait for each other here. An abort while waiting rejects that turn
+ * only.
+ */
+export class SessionTurns {
+  /** The last turn of each session with a turn in flight (removed when it settles and none follows). */
+  private readonly tails = new Map<string, Promise<unknown>>();
+
+  /** Runs `fn` once the session's earlier turns have settled; `fn` gets how long it waited (ms). */
+  async run<T>(userId: string, sessionId: string, signal: AbortSignal | undefined, fn: (waitedMs: number) => Promise<T>): Promise<T> {
+    const key = JSON.stringify([userId, sessionId]);
+    const before = this.tails.get(key);
+    const t0 = performance.now();
+    const turn = (async () => {
+      if (before !== undefined) await waitOrAbort(before, signal);
+      return fn(performance.now() - t0);
+    })();
+    // The next turn waits for this one and for everything before it: a turn that gave up waiting
+    // (aborted) must not let the next one overtake the turns it was waiting for.
+    const settled = Promise.allSettled([before, turn]).then(() => undefined);
+    this.tails.set(key, settled);
+    try {
+      return await turn;
+    } finally {
+      if (this.tails.get(key) === settled) this.tails.delete(key);
+    }
+  }
+}
+
+/** Resolves when `p` settles (whichever way), or rejects with the signal's reason when it aborts first. */
+function waitOrAbort(p: Promise<unknown>, signal: AbortSignal | undefined): Promise<void> {
+  signal?.throwIfAborted();
+  const settled = p.then(
+    () => undefined,
+    () => undefined,
+  );
+  if (signal === undefined) return settled;
+  return new Promise<void>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    void settled.then(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    });
+  });
 }
 
 /** The checks every system's turn starts with: a query, and options naming the user and the session. */

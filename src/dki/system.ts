@@ -25,7 +25,7 @@ import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAna
 import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
-import { checkTurn, closeSystem, openSystem, TurnLedger, type SystemOpenOptions } from "./open.js";
+import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
@@ -170,6 +170,7 @@ export class DKISystem {
   private readonly queue = new FairQueue();
   private readonly counter: TokenCounter;
   private readonly ledger = new TurnLedger("DKISystem");
+  private readonly sessions = new SessionTurns();
   private readonly sessionKeys = new Map<string, Set<string>>();
   private readonly encoded = new Map<string, number[]>();
 
@@ -216,7 +217,7 @@ export class DKISystem {
       const t0 = performance.now();
       checkChat(query, opts);
       const lat = emptyLatency();
-      return this.ledger.count(async () => {
+      return this.ledger.count(() => this.sessions.run(opts.userId, opts.sessionId, opts.signal, async (sessionWaitMs) => {
         const plan = await this.plan(query, opts, lat);
         let ttftAt = 0;
         const onToken = (text: string, id: number) => {
@@ -227,7 +228,7 @@ export class DKISystem {
         const { prepared, result, genStart } = await this.queue.run(
           opts.userId,
           async () => {
-            lat.queueMs = performance.now() - tq;
+            lat.queueMs = sessionWaitMs + (performance.now() - tq);
             const prepared = await this.prepare(query, opts, plan, lat);
             try {
               const genStart = performance.now();
@@ -253,7 +254,7 @@ export class DKISystem {
         response.metadata.layerMs = layerCostMs(lat);
         this.noteKeys(opts.sessionId, prepared.assembly);
         return response;
-      });
+      }));
     });
   }
 

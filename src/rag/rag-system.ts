@@ -26,7 +26,7 @@ import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
-import { checkTurn, closeSystem, openSystem, TurnLedger, type SystemOpenOptions } from "../dki/open.js";
+import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
@@ -129,6 +129,7 @@ export class RAGSystem {
   private readonly queue = new FairQueue();
   private readonly counter: TokenCounter;
   private readonly ledger = new TurnLedger("RAGSystem");
+  private readonly sessions = new SessionTurns();
   private cache: TieredKVCache | null = null;
 
   private constructor(
@@ -166,12 +167,17 @@ export class RAGSystem {
 
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
-    return this.ledger.track(() => this.ledger.count(() => this.turn(query, opts)));
+    return this.ledger.track(() =>
+      this.ledger.count(async () => {
+        checkChat(query, opts);
+        return this.sessions.run(opts.userId, opts.sessionId, opts.signal, (waitedMs) => this.turn(query, opts, waitedMs));
+      }),
+    );
   }
 
-  private async turn(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
-    const t0 = performance.now();
-    checkChat(query, opts);
+  private async turn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
+    // From the call: the wait behind the session's earlier turns counts, as in DKISystem.
+    const t0 = performance.now() - sessionWaitMs;
     const kbMode: KbMode | null = opts.collection === undefined ? null : (opts.kbMode ?? "text");
     if (opts.collection !== undefined && this.knowledgeBase === null) throw new DkiArgumentError("this RAGSystem has no knowledge base: open it with knowledgeBase to search a collection");
     const lat = emptyLatency();
@@ -216,7 +222,7 @@ export class RAGSystem {
     const { result, genStart, assembly } = await this.queue.run(
       opts.userId,
       async () => {
-        lat.queueMs = performance.now() - tq;
+        lat.queueMs = sessionWaitMs + (performance.now() - tq);
         let assembly: Assembly | null = null;
         if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
         try {
