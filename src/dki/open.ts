@@ -4,6 +4,7 @@
 // when a later step fails.
 import { resolve } from "node:path";
 import { performance } from "node:perf_hooks";
+import type { SamplingOptions } from "../engine/generate.js";
 import { Model, type LoadOptions } from "../engine/model.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
@@ -169,6 +170,20 @@ export class TurnLedger {
     await Promise.allSettled([...this.inFlight]);
     return true;
   }
+}
+
+/** What a turn of either system (DKISystem.chat, RAGSystem.chat) takes. */
+export interface TurnOptions {
+  userId: string;
+  sessionId: string;
+  maxNewTokens?: number;
+  sampling?: SamplingOptions;
+  stop?: string[];
+  onToken?: (text: string, tokenId: number) => void;
+  /** Cancels this turn only: a waiting turn leaves the queue, a running one stops; nothing is recorded. */
+  signal?: AbortSignal;
+  /** Replaces config.systemPrompt for this turn. */
+  systemPrompt?: string;
 }
 
 /**

@@ -16,7 +16,7 @@
 // KVBlock) and the memory layer's MemoryStoreApi.
 import { performance } from "node:perf_hooks";
 import type { Model, InjectionOptions, PositionStrategy, Segment } from "../engine/model.js";
-import type { FinishReason, SamplingOptions } from "../engine/generate.js";
+import type { FinishReason } from "../engine/generate.js";
 import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
@@ -25,7 +25,7 @@ import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAna
 import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
-import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions } from "./open.js";
+import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
@@ -41,21 +41,11 @@ export const TRACKED_SESSIONS = 10_000;
 /** Block texts (memories, merged preferences) whose tokens are remembered across turns. */
 const ENCODED_TEXTS = 4096;
 
-export interface ChatOptions {
-  userId: string;
-  sessionId: string;
-  maxNewTokens?: number;
-  sampling?: SamplingOptions;
-  stop?: string[];
-  onToken?: (text: string, tokenId: number) => void;
-  /** Cancels this turn only: a waiting turn leaves the queue, a running one stops; nothing is recorded. */
-  signal?: AbortSignal;
+export interface ChatOptions extends TurnOptions {
   /** α for the memories routed to the turn, whatever the gate would say. */
   forceAlpha?: number;
   /** false: no K/V this turn (neither memories nor preferences); the history stays. */
   allowInjection?: boolean;
-  /** Replaces config.systemPrompt for this turn. */
-  systemPrompt?: string;
 }
 
 export interface MemoryUsed {

@@ -16,7 +16,7 @@
 // quality than text on such a model.
 import { performance } from "node:perf_hooks";
 import type { Model, Segment } from "../engine/model.js";
-import type { FinishReason, SamplingOptions } from "../engine/generate.js";
+import type { FinishReason } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
@@ -26,7 +26,7 @@ import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
-import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions } from "../dki/open.js";
+import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
@@ -56,15 +56,7 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   cacheDir?: string;
 }
 
-export interface RAGChatOptions {
-  userId: string;
-  sessionId: string;
-  maxNewTokens?: number;
-  sampling?: SamplingOptions;
-  stop?: string[];
-  onToken?: (text: string, tokenId: number) => void;
-  signal?: AbortSignal;
-  systemPrompt?: string;
+export interface RAGChatOptions extends TurnOptions {
   /** false: no memory search this turn (knowledge base and history stay). */
   useMemories?: boolean;
   /** Search this knowledge-base collection too. */

@@ -22,6 +22,7 @@
 import { DkiArgumentError } from "../../errors.js";
 import type { Embedder } from "../types.js";
 import { STOP_WORDS, terms } from "../text-terms.js";
+import { checkTexts, unitVector } from "./common.js";
 
 export interface HashingEmbedderOptions {
   /** Number of hash buckets = vector length. Default 512. */
@@ -128,11 +129,7 @@ export class HashingEmbedder implements Embedder {
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {
-    if (!Array.isArray(texts)) throw new DkiArgumentError("HashingEmbedder.embed: expected an array of strings");
-    texts.forEach((t, i) => {
-      if (typeof t !== "string") throw new DkiArgumentError(`HashingEmbedder.embed: texts[${i}] is a ${typeof t}, not a string`);
-      if (t.trim() === "") throw new DkiArgumentError(`HashingEmbedder.embed: texts[${i}] is empty; there is nothing to embed`);
-    });
+    checkTexts("HashingEmbedder", texts);
     const out: Float32Array[] = [];
     for (let i = 0; i < texts.length; i++) {
       if (i > 0 && i % YIELD_EVERY === 0) await new Promise<void>((resolve) => setImmediate(resolve));
@@ -151,14 +148,9 @@ export class HashingEmbedder implements Embedder {
       const sign = fmix32(h) & 1 ? -1 : 1;
       acc[h % this.dim] += sign * (1 + Math.log(tf)) * weight;
     }
-    let norm = 0;
-    for (const v of acc) norm += v * v;
-    norm = Math.sqrt(norm);
-    const vec = new Float32Array(this.dim);
     // Every feature cancelling out exactly is possible in principle (opposite signs in one
-    // bucket); a zero vector would then be honest, and cosine against it is 0, not NaN.
-    if (norm > 0) for (let i = 0; i < this.dim; i++) vec[i] = acc[i] / norm;
-    return vec;
+    // bucket): the zero vector is then honest.
+    return unitVector(acc);
   }
 }
 

@@ -18,6 +18,7 @@ import { DkiArgumentError, FormatError } from "../../errors.js";
 import { readJsonObject } from "../../formats/json-file.js";
 import { Tokenizer } from "../../tokenizer/tokenizer.js";
 import type { Embedder } from "../types.js";
+import { checkTexts, unitVector } from "./common.js";
 
 export interface OnnxEmbedderOptions {
   /** Tokens per text, special tokens included; longer texts are cut. Default min(256, the model's max positions). */
@@ -138,11 +139,7 @@ export class OnnxEmbedder implements Embedder {
 
   async embed(texts: string[]): Promise<Float32Array[]> {
     if (this.closed) throw new DkiArgumentError(`OnnxEmbedder.embed: ${this.id} is closed`);
-    if (!Array.isArray(texts)) throw new DkiArgumentError("OnnxEmbedder.embed: expected an array of strings");
-    texts.forEach((t, i) => {
-      if (typeof t !== "string") throw new DkiArgumentError(`OnnxEmbedder.embed: texts[${i}] is a ${typeof t}, not a string`);
-      if (t.trim() === "") throw new DkiArgumentError(`OnnxEmbedder.embed: texts[${i}] is empty; there is nothing to embed`);
-    });
+    checkTexts("OnnxEmbedder", texts);
     const ids: number[][] = [];
     for (let i = 0; i < texts.length; i++) {
       if (i > 0 && i % TOKENISE_CHUNK === 0) await yieldToEventLoop();
@@ -214,7 +211,7 @@ export class OnnxEmbedder implements Embedder {
     if (plan.pooling === "model") {
       if (dims.length !== 2 || dims[0] !== rows) throw shapeError(plan, dims, `[${rows}, dim]`);
       const dim = dims[1];
-      for (let r = 0; r < rows; r++) vectors.push(normalise(Float64Array.from(data.subarray(r * dim, (r + 1) * dim))));
+      for (let r = 0; r < rows; r++) vectors.push(unitVector(Float64Array.from(data.subarray(r * dim, (r + 1) * dim))));
       return vectors;
     }
     if (dims.length !== 3 || dims[0] !== rows || dims[1] !== seq) throw shapeError(plan, dims, `[${rows}, ${seq}, hidden]`);
@@ -227,7 +224,7 @@ export class OnnxEmbedder implements Embedder {
         for (let d = 0; d < dim; d++) sum[d] += data[at + d];
       }
       for (let d = 0; d < dim; d++) sum[d] /= n;
-      vectors.push(normalise(sum));
+      vectors.push(unitVector(sum));
     }
     return vectors;
   }
@@ -314,11 +311,3 @@ function shapeError(plan: ModelPlan, dims: readonly number[], expected: string):
   return new FormatError(plan.modelPath, `output ${plan.output} has shape [${dims.join(", ")}], expected ${expected}`);
 }
 
-function normalise(v: Float64Array): Float32Array {
-  let norm = 0;
-  for (const x of v) norm += x * x;
-  norm = Math.sqrt(norm);
-  const out = new Float32Array(v.length);
-  if (norm > 0) for (let i = 0; i < v.length; i++) out[i] = v[i] / norm;
-  return out;
-}
