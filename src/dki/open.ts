@@ -44,15 +44,14 @@ export interface SystemOpenOptions {
 export interface SystemParts {
   model: Model;
   ownsModel: boolean;
-  /**
-   * The resolved config. Readable once openStore() has run: gating's τ, when the caller's config
-   * leaves it out, follows the embedder the store actually uses (its default one when none was given).
-   */
-  readonly config: DKIConfig;
   budgets: CacheBudgets;
   cacheDir: string;
-  /** Opens the store; it is closed again if a later step fails. */
-  openStore(): Promise<MemoryStoreApi>;
+  /**
+   * Opens the store (closed again if a later step fails) and resolves the config with it: gating's
+   * τ, when the caller's config leaves it out, follows the embedder the store actually uses (its
+   * default one when none was given).
+   */
+  openStore(): Promise<{ store: MemoryStoreApi; config: DKIConfig }>;
   /** Opens the K/V cache; it is closed again if a later step fails. */
   openCache(): Promise<TieredKVCache>;
 }
@@ -68,7 +67,6 @@ export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOpt
   if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError(`${who}.open: model must be a loaded Model or a model path`);
   // Every value checked now, before any model is loaded; resolved again once the store is open.
   resolveConfig(o.config, o.embedder);
-  let config: DKIConfig | null = null;
   const checked = check?.() as C;
   const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
   const cacheDir = o.cacheDir ?? defaultCacheDir(o.dataDir);
@@ -81,17 +79,11 @@ export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOpt
       {
         model,
         ownsModel,
-        get config(): DKIConfig {
-          // Read before the store is open, τ could silently be the wrong embedder's.
-          if (config === null) throw new Error(`${who}.open: the config was read before the store was opened`);
-          return config;
-        },
         budgets,
         cacheDir,
         openStore: async () => {
           const store = undone(await (o.openStore ?? defaultStoreOpener)({ dir: o.dataDir, embedder: o.embedder }));
-          config = resolveConfig(o.config, store.embedder);
-          return store;
+          return { store, config: resolveConfig(o.config, store.embedder) };
         },
         openCache: async () => undone(await TieredKVCache.open({ model, dir: cacheDir, budgets })),
       },

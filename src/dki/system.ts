@@ -178,9 +178,9 @@ export class DKISystem {
   static async open(o: DKISystemOptions): Promise<DKISystem> {
     return openSystem("DKISystem", o, async (p) => {
       const cache = await p.openCache();
-      const store = await p.openStore();
+      const { store, config } = await p.openStore();
       const history = o.history ? o.history(store) : new FlatHistoryProvider(store);
-      return new DKISystem(p.model, p.ownsModel, store, cache, p.config, history);
+      return new DKISystem(p.model, p.ownsModel, store, cache, config, history);
     });
   }
 

@@ -141,7 +141,10 @@ export class RAGSystem {
     return openSystem(
       "RAGSystem",
       o,
-      async (p, rag) => new RAGSystem(p.model, p.ownsModel, await p.openStore(), p.config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets),
+      async (p, rag) => {
+        const { store, config } = await p.openStore();
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets);
+      },
       () => resolveRagConfig(o.rag),
     );
   }
