@@ -28,7 +28,7 @@ function file(data: unknown): string {
 it("imports LoCoMo: one user per sample (sample_id, else conv-<index>), one memory per turn, sessions at either level", async () => {
   const store = await openStore();
   const result = await store.importConversations(file(locomoSample()));
-  expect(result).toEqual({ format: "locomo", users: [{ userId: "conv-26", memories: 7 }, { userId: "conv-1", memories: 3 }], memories: 10 });
+  expect(result).toEqual({ format: "locomo", users: [{ userId: "conv-26", memories: 7 }, { userId: "conv-1", memories: 3 }], memories: 10, invalidUtf8: 0 });
   const caroline = await store.memories.getAll({ userId: "conv-26" });
   expect(caroline[0]).toMatchObject({
     sessionId: "session_1",
@@ -48,7 +48,7 @@ it("imports LoCoMo: one user per sample (sample_id, else conv-<index>), one memo
 it("imports LongMemEval: one user per question_id, turnId <session id>:<turn index>", async () => {
   const store = await openStore();
   const result = await store.importConversations(file(longMemEvalSample()), { format: "auto" });
-  expect(result).toEqual({ format: "longmemeval", users: [{ userId: "e47becba", memories: 4 }], memories: 4 });
+  expect(result).toEqual({ format: "longmemeval", users: [{ userId: "e47becba", memories: 4 }], memories: 4, invalidUtf8: 0 });
   const all = await store.memories.getAll({ userId: "e47becba", sessionId: "answer_280352e9" });
   expect(all[0]).toMatchObject({ text: "User: I graduated with a degree in Business Administration, what jobs fit?", metadata: { turnId: "answer_280352e9:0", speaker: "user", date: "2023/05/22 (Mon) 10:00" } });
 });

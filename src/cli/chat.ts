@@ -7,13 +7,13 @@ import { DKISystem, type ChatOptions, type DKIResponse } from "../dki/index.js";
 import { choiceOption, embedderOption, numberOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { ragCommand } from "./rag.js";
-import { answerOnce, baseTurnOptions, chatLoop, checkTurnFlags, loadOptions, outputOptions, turnCommandOptions, type TurnFlags } from "./turn.js";
+import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
 
 /** `--mode rag`: the same turn through the RAG baseline (dki rag has its knowledge-base options). */
 function chatAsRag(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined) throw new Error("--alpha applies to --mode dki only");
   if (flags.relevanceThreshold !== undefined) throw new Error("--relevance-threshold applies to --mode dki only");
-  return ragCommand({ ...flags, session: flags.session });
+  return ragCommand(flags);
 }
 
 interface ChatFlags extends TurnFlags {
@@ -21,33 +21,34 @@ interface ChatFlags extends TurnFlags {
   relevanceThreshold?: number;
 }
 
-/** One line on what the turn injected, why and from where. */
+/** One line on what the turn injected, why and from where, and the session it went to. */
 export function turnSummary(r: DKIResponse): string {
-  const mems = r.memoriesUsed.length === 0 ? "none" : r.memoriesUsed.map((m) => `${m.id} (${m.score.toFixed(2)})`).join(", ");
+  const mems = r.memoriesUsed.length === 0 ? "none" : r.memoriesUsed.map(memoryLabel).join(", ");
   const tiers = r.cache.tiers.length === 0 ? "nothing injected" : r.cache.tiers.map((b) => `${b.kind === "preferences" ? "preferences" : b.id} ${b.tier}`).join(", ");
   const alpha = r.memoriesUsed.length > 0 ? r.gating.alpha.toFixed(2) : "-";
-  return `[memories: ${mems} | α ${alpha} | gate: ${r.gating.reason} | cache: ${tiers} | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens]`;
+  return `[memories: ${mems}${leftOutSummary(r.metadata.memoriesLeftOut)} | α ${alpha} | gate: ${r.gating.reason} | cache: ${tiers} | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
 }
 
 async function chat(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined && !flags.memory) throw new Error("give at most one of --alpha and --no-memory");
   if (flags.relevanceThreshold !== undefined && (flags.alpha !== undefined || !flags.memory)) throw new Error("--relevance-threshold is the gate's: it does nothing with --alpha or --no-memory");
-  checkTurnFlags(flags);
+  const session = await prepareTurns(flags, "chat");
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config: flags.relevanceThreshold === undefined ? undefined : { gating: { relevanceThreshold: flags.relevanceThreshold } } });
+  const config = { ...turnConfig(flags), ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }) };
+  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
   try {
-    const turnOptions = (signal: AbortSignal, stream: boolean): ChatOptions => ({ ...baseTurnOptions(flags, signal, stream), forceAlpha: flags.alpha, allowInjection: flags.memory });
+    const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });
     if (flags.query !== undefined) {
       const query = flags.query;
-      await answerOnce(flags.format, (signal, stream) => system.chat(query, turnOptions(signal, stream)), (r) => [turnSummary(r)]);
+      await answerOnce(flags.format, (c) => system.chat(query, turnOptions(c)), (r) => [turnSummary(r)]);
       return;
     }
     await chatLoop({
       prompt: "> ",
-      greeting: `chatting as ${flags.user} in session ${flags.session}; /memories, /forget ID, /remember TEXT, /pref [TYPE TEXT], /exit`,
-      ask: async (line, signal) => turnSummary(await system.chat(line, turnOptions(signal, true))),
-      command: (line, say) => sessionCommand(system, flags, line, say),
+      greeting: `chatting as ${flags.user} in session ${session}; /memories, /forget ID, /remember TEXT, /pref [TYPE TEXT], /exit`,
+      ask: async (line, c) => turnSummary(await system.chat(line, turnOptions(c))),
+      command: (line, say) => sessionCommand(system, flags.user, session, line, say),
     });
   } finally {
     await system.close();
@@ -55,31 +56,31 @@ async function chat(flags: ChatFlags): Promise<void> {
 }
 
 /** The interactive session's commands (a line starting with "/"); false: the line is a query. */
-async function sessionCommand(system: DKISystem, flags: ChatFlags, line: string, say: (s: string) => void): Promise<boolean> {
+async function sessionCommand(system: DKISystem, user: string, session: string, line: string, say: (s: string) => void): Promise<boolean> {
   if (!line.startsWith("/")) return false;
   if (line === "/memories") {
-    const all = await system.memories.getAll({ userId: flags.user });
+    const all = await system.memories.getAll({ userId: user });
     say(all.length === 0 ? "(no memories)" : all.map((m) => `${m.id}  ${m.text}`).join("\n"));
   } else if (line.startsWith("/forget")) {
     const id = line.slice("/forget".length).trim();
     if (!id) say("usage: /forget ID");
     else {
-      await system.memories.delete(id, { userId: flags.user });
+      await system.memories.delete(id, { userId: user });
       say(`forgot ${id}`);
     }
   } else if (line.startsWith("/remember")) {
     const text = line.slice("/remember".length).trim();
     if (!text) say("usage: /remember TEXT");
-    else say(`remembered ${(await system.memories.add(text, { userId: flags.user, sessionId: flags.session })).map((m) => m.id).join(", ")}`);
+    else say(`remembered ${(await system.memories.add(text, { userId: user, sessionId: session })).map((m) => m.id).join(", ")}`);
   } else if (line.startsWith("/pref")) {
     const rest = line.slice("/pref".length).trim();
     if (rest === "") {
-      const prefs = await system.preferences.list({ userId: flags.user });
+      const prefs = await system.preferences.list({ userId: user });
       say(prefs.length === 0 ? "(no preferences)" : prefs.map((p) => `${p.id}  [${p.type}] ${p.text} (priority ${p.priority})`).join("\n"));
     } else {
       const space = rest.indexOf(" ");
       if (space < 0) say("usage: /pref TYPE TEXT");
-      else say(`added preference ${(await system.preferences.add(rest.slice(space + 1).trim(), { userId: flags.user, type: rest.slice(0, space) })).id}`);
+      else say(`added preference ${(await system.preferences.add(rest.slice(space + 1).trim(), { userId: user, type: rest.slice(0, space) })).id}`);
     }
   } else {
     say(`unknown command ${line.split(/\s/)[0]}; /memories, /forget ID, /remember TEXT, /pref [TYPE TEXT], /exit`);

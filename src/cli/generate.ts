@@ -4,7 +4,7 @@ import { Model, type Device, type InjectionOptions } from "../engine/model.js";
 import type { GenerateResult } from "../engine/generate.js";
 import { native } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
-import { intOption, numberOption, tokenListOption, choiceOption } from "./options.js";
+import { choiceOption, deviceOption, intOption, numberOption, threadsOption, tokenListOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 
 interface GenerateFlags {
@@ -202,13 +202,6 @@ async function logits(flags: LogitsFlags & MemoryFlags, cmd: Command): Promise<v
   }
 }
 
-const deviceOption = [
-  "--device <device>",
-  "cpu, cuda (needs npm run build:cuda and a GPU) or auto",
-  choiceOption("--device", ["cpu", "cuda", "auto"] as const),
-  "cpu",
-] as const;
-
 function memoryOptions(cmd: Command): Command {
   return cmd
     .option("--memory <text>", "memory text injected as K/V (not as prompt text)")
@@ -221,10 +214,6 @@ function memoryOptions(cmd: Command): Command {
 
 const modelOption = ["-m, --model <path>", "model: a Hugging Face model folder or a .gguf file"] as const;
 const checkTensorsOption = ["--check-tensors", "read every weight at load and refuse the model at the first NaN/inf (costs a pass over the files)"] as const;
-
-// The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
-// so that --help works without the addon, and a test holds the two equal.
-const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
 
 export function registerGenerateCommands(program: Command): void {
   const gen = program

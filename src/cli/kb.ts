@@ -3,8 +3,9 @@
 // lives in `<data>.kb`, beside the memory store's folder (the store refuses a folder holding
 // anything but its own files), as the K/V cache lives in `<data>.kv-cache`. Chunks are counted with a model's tokenizer
 // (--tokenizer: a model or tokenizer folder; default the bundled SmolLM2 tokenizer).
-import { existsSync, readFileSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { existsSync } from "node:fs";
+import { readdir, stat } from "node:fs/promises";
+import { dirname, extname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Command } from "commander";
 import { HashingEmbedder } from "../memory/embedders/hashing.js";
@@ -12,8 +13,9 @@ import type { Embedder, Filter } from "../memory/types.js";
 import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.js";
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
+import { isSupportedFile } from "../rag/kb/parse.js";
 import { Tokenizer } from "../tokenizer/tokenizer.js";
-import { snakeKeys, stderrBar } from "./output.js";
+import { snakeKeys } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
 /** The bundled SmolLM2 tokenizer's folder, found by walking up to the package root. */
@@ -34,10 +36,16 @@ export function knowledgeBaseDir(data: string): string {
  * Opens the data folder's knowledge base with the given embedder (default: the hashing embedder)
  * and tokenizer (a folder, or default: the bundled SmolLM2 tokenizer).
  */
-export async function openKnowledgeBase(data: string, o: { tokenizer?: string | Tokenizer; embedder?: Embedder } = {}): Promise<KnowledgeBase> {
+export async function openKnowledgeBase(data: string, o: { tokenizer?: string | Tokenizer; embedder?: Embedder; mustExist?: boolean } = {}): Promise<KnowledgeBase> {
+  // A command that only reads must not create an empty knowledge base beside a mistyped --data.
+  if (o.mustExist === true && !KnowledgeBase.exists(knowledgeBaseDir(data))) {
+    throw new Error(`--data ${data}: no knowledge base there (${knowledgeBaseDir(data)}); check the path (dki kb ingest creates one)`);
+  }
   const tok = o.tokenizer instanceof Tokenizer ? o.tokenizer : await Tokenizer.fromFolder(o.tokenizer ?? bundledTokenizerDir());
   return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: o.embedder ?? new HashingEmbedder(), tokenizer: tok });
 }
+
+const SUPPORTED_HELP = ".txt, .md, .html and .pdf files";
 
 interface CommonFlags {
   data: string;
@@ -45,8 +53,9 @@ interface CommonFlags {
   embedder?: string;
 }
 
-async function withKb<T>(flags: CommonFlags, fn: (kb: KnowledgeBase) => Promise<T>): Promise<T> {
-  const kb = await openKnowledgeBase(flags.data, { tokenizer: flags.tokenizer, embedder: await embedderOption(flags.embedder) });
+/** Opens the knowledge base for `fn`; `writes`: the command may create it (ingest), else it must exist. */
+async function withKb<T>(flags: CommonFlags, writes: boolean, fn: (kb: KnowledgeBase) => Promise<T>): Promise<T> {
+  const kb = await openKnowledgeBase(flags.data, { tokenizer: flags.tokenizer, embedder: await embedderOption(flags.embedder), mustExist: !writes });
   try {
     return await fn(kb);
   } finally {
@@ -54,37 +63,77 @@ async function withKb<T>(flags: CommonFlags, fn: (kb: KnowledgeBase) => Promise<
   }
 }
 
+/** A file a folder's walk passed over, and why. */
+interface Skipped {
+  path: string;
+  reason: string;
+}
+
+/**
+ * The files to ingest: each file given, and the supported files under each folder given,
+ * recursively, in name order. Hidden entries (.git…) and files of other types are passed over and
+ * listed; a link to a folder is not followed (a loop would never end).
+ */
+async function filesToIngest(paths: string[]): Promise<{ files: string[]; skipped: Skipped[] }> {
+  const files: string[] = [];
+  const skipped: Skipped[] = [];
+  const walk = async (dir: string): Promise<void> => {
+    const entries = (await readdir(dir, { withFileTypes: true })).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    for (const e of entries) {
+      const path = join(dir, e.name);
+      if (e.name.startsWith(".")) skipped.push({ path, reason: "hidden" });
+      else if (e.isDirectory()) await walk(path);
+      else if (e.isSymbolicLink() && (await stat(path).catch(() => null))?.isDirectory()) skipped.push({ path, reason: "a link to a folder, not followed" });
+      else if (isSupportedFile(e.name)) files.push(path);
+      else skipped.push({ path, reason: `unsupported type${extname(e.name) === "" ? " (no extension)" : ` ${extname(e.name)}`}` });
+    }
+  };
+  for (const p of paths) {
+    if ((await stat(p).catch(() => null))?.isDirectory()) await walk(p);
+    else files.push(p); // a file named on the command line is ingested or refused by name
+  }
+  return { files, skipped };
+}
+
+/**
+ * Ingests the files, one result line per file as it is done ("[3/10] added ID: N chunks"): the
+ * progress is those lines, never a bar redrawn over them. With --format json the lines go to
+ * stderr on a terminal only, and stdout gets one JSON object at the end.
+ */
 async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; format: "text" | "json" }): Promise<void> {
   const metadata = flags.metadata === undefined ? undefined : (jsonObjectOption("--metadata", flags.metadata) as DocumentMetadata);
-  await withKb(flags, async (kb) => {
-    const bar = stderrBar("ingesting [{bar}] {value}/{total} | {file}");
-    bar?.start(paths.length, 0, { file: "" });
+  const { files, skipped } = await filesToIngest(paths);
+  const progress = (line: string) => {
+    if (flags.format === "text") process.stdout.write(line + "\n");
+    else if (process.stderr.isTTY) process.stderr.write(line + "\n");
+  };
+  for (const s of skipped) progress(`skipped ${s.path}: ${s.reason}`);
+  if (files.length === 0) throw new Error(`no files to ingest in ${paths.join(", ")} (supported: ${SUPPORTED_HELP})`);
+  await withKb(flags, true, async (kb) => {
     const results = [];
     let failed = 0;
-    for (const [i, p] of paths.entries()) {
-      bar?.update(i, { file: p });
+    for (const [i, p] of files.entries()) {
+      const at = `[${i + 1}/${files.length}]`;
       try {
         const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap } });
         results.push({ path: p, ...r });
-        if (flags.format === "text") process.stdout.write(`${r.status} ${r.docId}: ${r.chunks} chunks${r.duplicatesSkipped > 0 ? `, ${r.duplicatesSkipped} duplicates skipped` : ""}\n`);
+        progress(`${at} ${r.status} ${r.docId}: ${r.chunks} chunks${r.duplicatesSkipped > 0 ? `, ${r.duplicatesSkipped} duplicates skipped` : ""}`);
       } catch (e) {
         // One bad file does not stop the others; each failed file leaves the collection as it was.
         failed++;
         const message = e instanceof Error ? e.message : String(e);
         results.push({ path: p, error: message });
-        process.stderr.write(`dki: ${message}\n`);
+        process.stderr.write(`dki: ${at} ${message}\n`);
       }
     }
-    bar?.update(paths.length, { file: "done" });
-    bar?.stop();
-    if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collection: flags.collection, results })) + "\n");
-    if (failed > 0) throw new Error(`${failed} of ${paths.length} files not ingested`);
+    if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collection: flags.collection, results, skipped })) + "\n");
+    if (failed > 0) throw new Error(`${failed} of ${files.length} files not ingested`);
   });
 }
 
 async function search(query: string, flags: CommonFlags & { collection: string; filter?: string; limit: number; minScore?: number; mode: KbSearchMode; format: "text" | "json" }): Promise<void> {
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
-  await withKb(flags, async (kb) => {
+  await withKb(flags, false, async (kb) => {
     const results = await kb.search(query, { collection: flags.collection, limit: flags.limit, filter, minScore: flags.minScore, mode: flags.mode });
     if (flags.format === "json") {
       process.stdout.write(JSON.stringify(snakeKeys({ query, results: results.map((r) => ({ score: r.score, signals: r.signals, source: r.source, text: r.chunk.text })) })) + "\n");
@@ -99,7 +148,7 @@ async function search(query: string, flags: CommonFlags & { collection: string; 
 }
 
 async function list(flags: CommonFlags & { collection?: string; format: "text" | "json" }): Promise<void> {
-  await withKb(flags, async (kb) => {
+  await withKb(flags, false, async (kb) => {
     if (flags.collection === undefined) {
       const cols = kb.listCollections();
       if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collections: cols })) + "\n");
@@ -113,7 +162,7 @@ async function list(flags: CommonFlags & { collection?: string; format: "text" |
 }
 
 async function rm(docId: string, flags: CommonFlags & { collection: string }): Promise<void> {
-  await withKb(flags, async (kb) => {
+  await withKb(flags, false, async (kb) => {
     if (!(await kb.removeDocument(flags.collection, docId))) throw new Error(`no document ${JSON.stringify(docId)} in collection ${JSON.stringify(flags.collection)}`);
     process.stdout.write(`removed ${docId}\n`);
   });
@@ -126,9 +175,9 @@ export function registerKbCommand(program: Command): void {
   common(
     kb
       .command("ingest <paths...>")
-      .description("ingest .txt, .md, .html and .pdf files (a changed file replaces its chunks; an unchanged one is skipped)")
+      .description(`ingest files and folders (recursively: ${SUPPORTED_HELP}); a changed file replaces its chunks, an unchanged one is skipped`)
       .requiredOption("-c, --collection <name>", "collection")
-      .option("--metadata <json>", 'fields of every file: {"category", "source", "chapter", "sessionId", "createdAt", custom keys}')
+      .option("--metadata <json>", 'fields of every file: {"category", "source", "chapter", "sessionId", "createdAt", custom keys}; a re-ingested file keeps its own unless given ({} clears them)')
       .option("--chunk-tokens <n>", "tokens per chunk (default 512)", intOption("--chunk-tokens", 8, 65536))
       .option("--overlap <n>", "tokens shared by consecutive chunks (default 64)", intOption("--overlap", 0, 65535))
       .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),

@@ -2,15 +2,21 @@
 // command opens the store in --data, does one thing and closes it. Output is text, or JSON with
 // snake_case keys (--format json); a memory's metadata is printed as it was stored. Index
 // rebuilds and re-embedding are reported on stderr, never silently.
-import { existsSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync } from "node:fs";
+import { join } from "node:path";
+import { createInterface } from "node:readline/promises";
 import type { Command } from "commander";
 import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
+import { readL3Folder } from "../cache/tiers/l3-files.js";
 import { defaultCacheDir } from "../dki/open.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import type { ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
-import { stderrBar } from "./output.js";
-import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonOption, numberOption } from "./options.js";
+import { decodeUtf8, replacementCharacters } from "../util/utf8.js";
+import { knowledgeBaseDir } from "./kb.js";
+import { snakeKeys, stderrBar } from "./output.js";
+import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonOption, numberOption, snippet } from "./options.js";
+import { checkCacheFolder, checkStoreExists } from "./paths.js";
 
 type OutputFormat = "text" | "json";
 
@@ -20,8 +26,13 @@ interface StoreFlags {
   reembed?: boolean;
 }
 
-/** Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a line on stderr. */
-async function withStore<T>(flags: StoreFlags, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
+/**
+ * Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a
+ * line on stderr. `writes`: the command may create the store (memory add, import, pref add);
+ * every other one refuses a folder without a store, so a mistyped --data creates nothing.
+ */
+async function withStore<T>(flags: StoreFlags, writes: boolean, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
+  if (!writes) checkStoreExists(flags.data);
   const embedder = await embedderOption(flags.embedder);
   const bar = stderrBar("re-embedding [{bar}] {value}/{total} memories");
   let started = false;
@@ -61,11 +72,16 @@ function print(format: OutputFormat, json: unknown, text: string): void {
 
 const oneLine = (s: string) => s.replace(/\s+/g, " ");
 
-/** The K/V cache folder for erasure: --cache, else `<data>.kv-cache` (where `dki chat` keeps it) when it exists. */
-function cacheFolder(data: string, cache?: string): string | undefined {
-  if (cache !== undefined) return cache;
+/**
+ * The K/V cache folder of erase and stats: --cache (which must exist), else `<data>.kv-cache`
+ * (where `dki chat` keeps it) when it exists; refused when it is not a cache folder.
+ */
+async function cacheFolder(data: string, cache?: string): Promise<string | undefined> {
+  if (cache !== undefined && !existsSync(cache)) throw new Error(`--cache ${cache}: no such folder`);
   const beside = defaultCacheDir(data);
-  return existsSync(beside) ? beside : undefined;
+  const folder = cache ?? (existsSync(beside) ? beside : undefined);
+  if (folder !== undefined) await checkCacheFolder(folder, cache === undefined ? "the K/V cache folder" : "--cache");
+  return folder;
 }
 
 /**
@@ -92,12 +108,13 @@ export function registerMemoryCommands(program: Command): void {
   const output = (c: Command) => c.option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text");
 
   const memory = program.command("memory").description("a user's memories: add, list, search, get, rm, history, and import conversation datasets");
-  output(scoped(memory.command("add <text>").description("add one memory")))
+  output(scoped(memory.command("add <text>").description("add one memory (TEXT -: read it from stdin)")))
     .option("--session <id>", "session the memory belongs to")
     .option("--metadata <json>", "a JSON object stored with the memory")
-    .action((text: string, f: StoreFlags & { user: string; session?: string; metadata?: string; format: OutputFormat }) =>
-      withStore(f, async (s) => {
+    .action((arg: string, f: StoreFlags & { user: string; session?: string; metadata?: string; format: OutputFormat }) =>
+      withStore(f, true, async (s) => {
         const metadata = f.metadata === undefined ? undefined : (jsonOption("--metadata", f.metadata) as Metadata);
+        const text = await memoryText(arg);
         const [m] = await s.memories.add(text, { userId: f.user, sessionId: f.session, metadata });
         print(f.format, memoryJson(m), `added ${m.id}`);
       }),
@@ -106,7 +123,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--session <id>", "only this session's")
     .option("--filter <json>", 'metadata filter: {"eq": {...}}, {"in": {...}}, {"and": [...]}, {"or": [...]}')
     .action((f: StoreFlags & { user: string; session?: string; filter?: string; format: OutputFormat }) =>
-      withStore(f, async (s) => {
+      withStore(f, false, async (s) => {
         const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
         const all = await s.memories.getAll({ userId: f.user, sessionId: f.session, filter });
         print(f.format, { memories: all.map(memoryJson) }, all.length === 0 ? "(no memories)" : all.map((m) => `${m.id}\t${oneLine(m.text)}`).join("\n"));
@@ -119,31 +136,32 @@ export function registerMemoryCommands(program: Command): void {
     .option("--min-score <x>", "leave out results with a lower fused score", numberOption("--min-score", { min: 0, max: 1 }))
     .option("--fusion <method>", "rrf or weighted", choiceOption("--fusion", ["rrf", "weighted"] as const), "rrf")
     .action((query: string, f: StoreFlags & { user: string; session?: string; filter?: string; limit: number; minScore?: number; fusion: "rrf" | "weighted"; format: OutputFormat }) =>
-      withStore(f, async (s) => {
+      withStore(f, false, async (s) => {
         const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
         const results = await s.memories.search(query, { userId: f.user, sessionId: f.session, filter, limit: f.limit, minScore: f.minScore, fusion: { method: f.fusion } });
         print(
           f.format,
           { results: results.map((r) => ({ id: r.memory.id, text: r.memory.text, score: r.score, signals: r.signals, metadata: r.memory.metadata })) },
-          results.length === 0 ? "(no results)" : results.map((r, i) => `[${i + 1}] ${r.score.toFixed(3)} ${r.memory.id}  ${oneLine(r.memory.text)}`).join("\n"),
+          // Relevance is the cosine of query and memory (what DKI's gate reads); the fused score only ranks.
+          results.length === 0 ? "(no results)" : results.map((r, i) => `[${i + 1}] relevance ${r.signals.dense.toFixed(3)}  ${r.memory.id}  ${snippet(r.memory.text, 120)}`).join("\n"),
         );
       }),
     );
   output(scoped(memory.command("get <id>").description("one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, async (s) => {
+    withStore(f, false, async (s) => {
       const m = await s.memories.get(id, { userId: f.user });
       if (m === undefined) throw new Error(`memory ${JSON.stringify(id)} not found for user ${JSON.stringify(f.user)}`);
       print(f.format, memoryJson(m), `${m.id}${m.sessionId === undefined ? "" : ` (session ${m.sessionId})`}\n${m.text}\nmetadata ${JSON.stringify(m.metadata)}`);
     }),
   );
   output(scoped(memory.command("rm <id>").description("delete one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, async (s) => {
+    withStore(f, false, async (s) => {
       await s.memories.delete(id, { userId: f.user });
       print(f.format, { removed: id }, `removed ${id}`);
     }),
   );
   output(scoped(memory.command("history <id>").description("a memory's audit trail: added, updated, deleted"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, async (s) => {
+    withStore(f, false, async (s) => {
       const h = await s.memories.history(id, { userId: f.user });
       print(
         f.format,
@@ -155,14 +173,15 @@ export function registerMemoryCommands(program: Command): void {
   store(memory.command("import <file>").description("import a LoCoMo or LongMemEval file: one user per conversation, one memory per turn; prints a JSON summary"))
     .option("--format <format>", "the file's format: locomo, longmemeval or auto", choiceOption("--format", ["locomo", "longmemeval", "auto"] as const), "auto")
     .action((file: string, f: StoreFlags & { format: ImportFormat }) =>
-      withStore(f, async (s) => {
+      withStore(f, true, async (s) => {
         const bar = stderrBar("importing [{bar}] {value}/{total} conversations");
         const r = await s.importConversations(file, {
           format: f.format,
           onProgress: (done, total) => (done === 0 ? bar?.start(total, 0) : bar?.update(done)),
         });
         bar?.stop();
-        print("json", { format: r.format, users: r.users.map((u) => ({ user_id: u.userId, memories: u.memories })), memories: r.memories }, "");
+        if (r.invalidUtf8 > 0) warnInvalidUtf8(file, r.invalidUtf8);
+        print("json", { format: r.format, users: r.users.map((u) => ({ user_id: u.userId, memories: u.memories })), memories: r.memories, invalid_utf8: r.invalidUtf8 }, "");
       }),
     );
 
@@ -172,7 +191,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--priority <n>", "higher comes first (default 0)", intOption("--priority", -1_000_000, 1_000_000), 0)
     .option("--category <c>", "category")
     .action((text: string, f: StoreFlags & { user: string; type: string; priority: number; category?: string; format: OutputFormat }) =>
-      withStore(f, async (s) => {
+      withStore(f, true, async (s) => {
         const p = await s.preferences.add(text, { userId: f.user, type: f.type, priority: f.priority, category: f.category });
         print(f.format, preferenceJson(p), `added ${p.id}`);
       }),
@@ -180,28 +199,37 @@ export function registerMemoryCommands(program: Command): void {
   output(scoped(pref.command("list").description("a user's preferences, highest priority first")))
     .option("--all", "include inactive ones")
     .action((f: StoreFlags & { user: string; all?: boolean; format: OutputFormat }) =>
-      withStore(f, async (s) => {
+      withStore(f, false, async (s) => {
         const list = await s.preferences.list({ userId: f.user, includeInactive: f.all === true });
         print(f.format, { preferences: list.map(preferenceJson) }, list.length === 0 ? "(no preferences)" : list.map((p) => `${p.id}\t${p.priority}\t${p.type}\t${oneLine(p.text)}${p.active ? "" : "\t(inactive)"}`).join("\n"));
       }),
     );
   output(scoped(pref.command("rm <id>").description("delete a preference"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, async (s) => {
+    withStore(f, false, async (s) => {
       await s.preferences.delete(id, { userId: f.user });
       print(f.format, { removed: id }, `removed ${id}`);
     }),
   );
 
-  const user = program.command("user").description("users: erase");
+  const user = program.command("user").description("users: list, erase");
+  output(store(user.command("list").description("the users with any record, sorted"))).action((f: StoreFlags & { format: OutputFormat }) =>
+    withStore(f, false, async (s) => {
+      const users = s.listUsers();
+      print(f.format, { users }, users.length === 0 ? "(no users)" : users.join("\n"));
+    }),
+  );
   output(
-    store(user.command("erase <user>").description("erase every record of a user: memories, preferences, conversations, audit entries, index files and cached K/V")).option(
-      "--cache <dir>",
-      "the K/V cache folder to clear too (default <data>.kv-cache when it exists)",
-    ),
-  ).action((userId: string, f: StoreFlags & { cache?: string; format: OutputFormat }) =>
-    withStore(f, async (s) => {
-      const folder = cacheFolder(f.data, f.cache);
-      if (f.cache !== undefined && !existsSync(f.cache)) throw new Error(`--cache ${f.cache}: no such folder`);
+    store(user.command("erase <user>").description("erase every record of a user: memories, preferences, conversations, audit entries, index files and cached K/V"))
+      .option("--cache <dir>", "the K/V cache folder to clear too (default <data>.kv-cache when it exists)")
+      .option("-y, --yes", "erase without asking (needed when stdin is not a terminal)"),
+  ).action(async (userId: string, f: StoreFlags & { cache?: string; yes?: boolean; format: OutputFormat }) => {
+    checkStoreExists(f.data);
+    const folder = await cacheFolder(f.data, f.cache);
+    // Asked before the store opens, so a question left unanswered holds no lock.
+    if (!(await confirmed(`erase every record of user ${JSON.stringify(userId)} in ${f.data}${folder === undefined ? "" : ` and its K/V in ${folder}`}? This cannot be undone. [y/N] `, f.yes === true))) {
+      throw new Error("not confirmed: nothing erased");
+    }
+    await withStore(f, false, async (s) => {
       const cache = folder === undefined ? undefined : await TieredKVCache.open({ model: ERASE_ONLY_MODEL, dir: folder, budgets: { l1Bytes: 0, l2Bytes: 0, l3Bytes: Number.MAX_SAFE_INTEGER } });
       try {
         const r = await s.eraseUser(userId, { cache });
@@ -213,6 +241,90 @@ export function registerMemoryCommands(program: Command): void {
       } finally {
         await cache?.close();
       }
-    }),
-  );
+    });
+  });
+
+  output(
+    store(program.command("stats").description("what a store holds and what its files take on disk: users, memories, sessions; store, index, knowledge base and K/V cache")).option(
+      "--cache <dir>",
+      "the K/V cache folder (default <data>.kv-cache when it exists)",
+    ),
+  ).action((f: StoreFlags & { cache?: string; format: OutputFormat }) => storeStats(f));
+}
+
+/** The text of `memory add`: the argument, or stdin for "-"; characters that were not UTF-8 are warned about. */
+async function memoryText(arg: string): Promise<string> {
+  if (arg !== "-") {
+    const n = replacementCharacters(arg);
+    if (n > 0) process.stderr.write(`dki: warning: the text argument holds ${n} U+FFFD replacement character${n === 1 ? "" : "s"} (bytes that were not UTF-8?); stored as given\n`);
+    return arg;
+  }
+  const chunks: Buffer[] = [];
+  for await (const c of process.stdin) chunks.push(c as Buffer);
+  const { text, replaced } = decodeUtf8(Buffer.concat(chunks));
+  if (replaced > 0) warnInvalidUtf8("stdin", replaced);
+  // `echo TEXT |` ends with a newline that is no part of the memory.
+  return text.replace(/\r?\n$/, "");
+}
+
+function warnInvalidUtf8(source: string, n: number): void {
+  process.stderr.write(`dki: warning: ${source}: ${n} character${n === 1 ? " was" : "s were"} not UTF-8 and ${n === 1 ? "is" : "are"} stored as U+FFFD\n`);
+}
+
+/** true with --yes; else asks on a terminal (y or yes); with stdin not a terminal, refuses: a script must say --yes. */
+async function confirmed(question: string, yes: boolean): Promise<boolean> {
+  if (yes) return true;
+  if (!process.stdin.isTTY) throw new Error("erasing cannot be undone: give --yes to confirm (stdin is not a terminal to ask on)");
+  const rl = createInterface({ input: process.stdin, output: process.stderr });
+  try {
+    return /^y(es)?$/i.test((await rl.question(question)).trim());
+  } finally {
+    rl.close();
+  }
+}
+
+/** Bytes a file or folder takes on disk (allocated blocks, as du counts them); 0 when missing. */
+function diskBytes(path: string): number {
+  let st;
+  try {
+    st = lstatSync(path);
+  } catch {
+    return 0;
+  }
+  if (!st.isDirectory()) return st.blocks * 512;
+  return readdirSync(path).reduce((n, name) => n + diskBytes(join(path, name)), st.blocks * 512);
+}
+
+const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+
+/** `dki stats`: counts from the store, disk use of its files and of the knowledge base and K/V cache beside it, and the cache's L3 entries. */
+async function storeStats(f: StoreFlags & { cache?: string; format: OutputFormat }): Promise<void> {
+  checkStoreExists(f.data);
+  const folder = await cacheFolder(f.data, f.cache);
+  await withStore(f, false, async (s) => {
+    const st = s.stats();
+    const kbDir = knowledgeBaseDir(f.data);
+    const l3 = folder === undefined ? null : (await readL3Folder(folder)).entries;
+    const stats = {
+      users: st.users,
+      memories: st.memories,
+      preferences: st.preferences,
+      sessions: s.sessionCount(),
+      turns: st.turns,
+      embedder: st.embedder,
+      disk: { store: diskBytes(s.paths.storeFile), index: diskBytes(s.paths.indexDir), knowledgeBase: existsSync(kbDir) ? diskBytes(kbDir) : null, cache: folder === undefined ? null : diskBytes(folder) },
+      // L1 and L2 live in the memory of the process that runs the turns; a folder has only L3.
+      cache: l3 === null ? null : { dir: folder, l3Entries: l3.length, l3Bytes: l3.reduce((n, e) => n + e.bytes, 0), l3Users: new Set(l3.map((e) => e.userHash)).size },
+    };
+    const d = stats.disk;
+    print(
+      f.format,
+      snakeKeys(stats),
+      [
+        `users ${stats.users}, memories ${stats.memories}, preferences ${stats.preferences}, sessions ${stats.sessions}, conversation turns ${stats.turns} (embedder ${st.embedder.id})`,
+        `disk: store ${mib(d.store)}, index ${mib(d.index)}, knowledge base ${d.knowledgeBase === null ? "none" : mib(d.knowledgeBase)}, K/V cache ${d.cache === null ? "none" : mib(d.cache)}`,
+        stats.cache === null ? "K/V cache: no folder" : `K/V cache ${stats.cache.dir}: L3 ${stats.cache.l3Entries} blocks, ${mib(stats.cache.l3Bytes)}, ${stats.cache.l3Users} users (L1 and L2 live in a running process's memory)`,
+      ].join("\n"),
+    );
+  });
 }

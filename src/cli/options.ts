@@ -1,4 +1,5 @@
 // Parsers for CLI option values: each rejects bad input with a message naming the option.
+import { randomBytes } from "node:crypto";
 import { InvalidArgumentError } from "commander";
 import { OnnxEmbedder } from "../memory/embedders/onnx.js";
 import type { Embedder } from "../memory/types.js";
@@ -96,4 +97,26 @@ export const EMBEDDER_HELP = "the ONNX sentence-embedding model folder the data 
 /** --embedder's model, loaded; undefined (the default embedder) when the option is absent. */
 export async function embedderOption(dir: string | undefined): Promise<Embedder | undefined> {
   return dir === undefined ? undefined : OnnxEmbedder.load(dir);
+}
+
+// The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
+// so that --help works without the addon, and a test holds the two equal.
+export const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
+
+export const deviceOption = ["--device <device>", "cpu, cuda (needs npm run build:cuda and a GPU) or auto", choiceOption("--device", ["cpu", "cuda", "auto"] as const), "cpu"] as const;
+
+/**
+ * A session id for a turn given no --session: new for every run, so one-shot turns never read
+ * each other's history, and prefixed by the command (chat-…, rag-…), so DKI and RAG turns never
+ * share a session unless the user names one for both.
+ */
+export function newSessionId(command: "chat" | "rag"): string {
+  const stamp = new Date().toISOString().replace(/[-:]/g, "").replace(/\.\d+Z$/, "Z");
+  return `${command}-${stamp}-${randomBytes(3).toString("hex")}`;
+}
+
+/** One line of a memory's text, cut to `max` characters with an ellipsis: for summaries. */
+export function snippet(text: string, max = 40): string {
+  const line = text.replace(/\s+/g, " ").trim();
+  return line.length > max ? `${line.slice(0, max - 1)}…` : line;
 }

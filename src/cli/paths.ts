@@ -2,7 +2,9 @@
 // reported as what the user did wrong, not as the ENOTDIR/EISDIR/ENOENT of a file deep inside.
 import type { Stats } from "node:fs";
 import { readdir, stat } from "node:fs/promises";
-import { dirname, resolve } from "node:path";
+import { dirname, relative, resolve } from "node:path";
+import { readL3Folder } from "../cache/tiers/l3-files.js";
+import { MemoryStore } from "../memory/memory-store.js";
 
 /** The path's stats, or null when nothing is there (ENOTDIR: a file stands where a folder would be). */
 async function statOrNull(path: string): Promise<Stats | null> {
@@ -52,5 +54,28 @@ export async function checkOutFolder(path: string, what: string, emptyUnless?: {
   if (s && emptyUnless && !emptyUnless.given) {
     const n = (await readdir(path)).length;
     if (n > 0) throw new Error(`${what}: ${path} is not empty (${n} entr${n === 1 ? "y" : "ies"}); give ${emptyUnless.flag} to write into it, replacing the files of the same names`);
+  }
+}
+
+/**
+ * A memory store a read command opens must exist: opening creates one, and a mistyped --data
+ * would read an empty store without a word. Write commands (memory add, import) may create it.
+ */
+export function checkStoreExists(data: string): void {
+  if (!MemoryStore.exists(data)) throw new Error(`--data ${data}: no memory store there (${resolve(data)}); check the path (dki memory add or dki memory import creates a store)`);
+}
+
+/**
+ * A K/V cache folder given to a command: missing or empty (it becomes one), or one the cache
+ * wrote. Anything else, a model folder say, is refused before the cache writes into it.
+ */
+export async function checkCacheFolder(path: string, what: string): Promise<void> {
+  const s = await statOrNull(path);
+  if (s === null) return;
+  if (!s.isDirectory()) throw new Error(`${what} ${path} is not a folder`);
+  const { foreign } = await readL3Folder(path);
+  if (foreign.length > 0) {
+    const shown = foreign.slice(0, 3).map((f) => relative(path, f)).join(", ");
+    throw new Error(`${what} ${path} is not a K/V cache folder: it holds ${shown}${foreign.length > 3 ? ` and ${foreign.length - 3} more` : ""}; give an empty or new folder`);
   }
 }

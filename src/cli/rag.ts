@@ -10,7 +10,7 @@ import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from ".
 import { openKnowledgeBase } from "./kb.js";
 import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
-import { answerOnce, baseTurnOptions, chatLoop, checkTurnFlags, loadOptions, outputOptions, turnCommandOptions, type TurnFlags } from "./turn.js";
+import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
 
 export interface RagFlags extends TurnFlags {
   collection?: string;
@@ -22,48 +22,48 @@ export interface RagFlags extends TurnFlags {
   layout?: "auto" | "seed" | "chat";
 }
 
-/** One line on what the turn put in the prompt and what it cost. */
+/** One line on what the turn put in the prompt and what it cost, and the session it went to. */
 export function ragSummary(r: RAGResponse): string {
-  const mems = r.memoriesUsed.length === 0 ? "none" : r.memoriesUsed.map((m) => `${m.id} (${m.score.toFixed(2)})`).join(", ");
+  const mems = (r.memoriesUsed.length === 0 ? "none" : r.memoriesUsed.map(memoryLabel).join(", ")) + leftOutSummary(r.metadata.memoriesLeftOut);
   const chunks = r.sources.flatMap((s, i) => (s.kind === "chunk" ? [r.metadata.kbMode === "kv" ? `kv ${sourceLabel(s)}` : `[${i + 1}] ${sourceLabel(s)}`] : []));
   const kb = chunks.length === 0 ? "" : ` | chunks: ${chunks.join("; ")}`;
   const cited = r.citations.citations.length === 0 ? "" : ` | cited: ${r.citations.citations.map((c) => `[${c.marker}]`).join(" ")}`;
   const fallback = r.metadata.forcedFallback ? " | FORCED FALLBACK: bare query" : "";
-  return `[memories: ${mems}${kb}${cited} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}]`;
+  return `[memories: ${mems}${kb}${cited} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
 }
 
 function checkFlags(flags: RagFlags): void {
-  checkTurnFlags(flags);
   const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"]];
   for (const [k, name] of kbOnly) if (flags[k] !== undefined && flags.collection === undefined) throw new Error(`${name} needs --collection`);
 }
 
 export async function ragCommand(flags: RagFlags): Promise<void> {
   checkFlags(flags);
+  const session = await prepareTurns(flags, "rag");
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
   await checkModelPath(flags.model, "--model");
   // The collection is checked before the model loads; searching it needs only its embedder.
   const embedder = await embedderOption(flags.embedder);
-  const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder });
+  const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder, mustExist: true });
   let system: RAGSystem | null = null;
   try {
     if (kb !== null && flags.collection !== undefined) kb.getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config: turnConfig(flags), knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
     const sys = system;
-    const turnOptions = (signal: AbortSignal, stream: boolean): RAGChatOptions => ({
-      ...baseTurnOptions(flags, signal, stream),
+    const turnOptions = (c: TurnControl): RAGChatOptions => ({
+      ...baseTurnOptions(flags, session, c),
       useMemories: flags.memory,
       ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde } : {}),
     });
     if (flags.query !== undefined) {
       const query = flags.query;
-      await answerOnce(flags.format, (signal, stream) => sys.chat(query, turnOptions(signal, stream)), (r) => [ragSummary(r), ...r.metadata.warnings.map((w) => `warning: ${w}`)]);
+      await answerOnce(flags.format, (c) => sys.chat(query, turnOptions(c)), (r) => [ragSummary(r), ...r.metadata.warnings.map((w) => `warning: ${w}`)]);
       return;
     }
     await chatLoop({
       prompt: "rag> ",
-      greeting: `RAG baseline as ${flags.user} in session ${flags.session}${flags.collection ? `, collection ${flags.collection}` : ""}; /exit to leave`,
-      ask: async (line, signal) => ragSummary(await sys.chat(line, turnOptions(signal, true))),
+      greeting: `RAG baseline as ${flags.user} in session ${session}${flags.collection ? `, collection ${flags.collection}` : ""}; /exit to leave`,
+      ask: async (line, c) => ragSummary(await sys.chat(line, turnOptions(c))),
     });
   } finally {
     try {

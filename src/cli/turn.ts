@@ -3,8 +3,12 @@
 // interactive loop (Ctrl-C cancels the answer being written; at the prompt it ends the session).
 import { createInterface } from "node:readline";
 import type { Command } from "commander";
-import { choiceOption, EMBEDDER_HELP, intOption } from "./options.js";
+import type { Device } from "../engine/model.js";
+import type { DKIConfigInput } from "../dki/config.js";
+import { defaultCacheDir } from "../dki/open.js";
+import { choiceOption, deviceOption, EMBEDDER_HELP, intOption, newSessionId, snippet, threadsOption } from "./options.js";
 import { snakeKeys } from "./output.js";
+import { checkCacheFolder, checkStoreExists } from "./paths.js";
 
 /** The flags of a chat-like command. */
 export interface TurnFlags {
@@ -13,57 +17,112 @@ export interface TurnFlags {
   cache?: string;
   embedder?: string;
   user: string;
-  session: string;
+  /** Absent: a new session for this run (newSessionId). */
+  session?: string;
   query?: string;
   system?: string;
   memory: boolean; // --no-memory sets it false
   format: "text" | "json";
   maxTokens: number;
   threads?: number;
+  device: Device;
   contextSize?: number;
+  maxMemories?: number;
+  memoryMaxTokens?: number;
 }
 
 /** The checks of the flags every chat-like command takes. */
-export function checkTurnFlags(flags: TurnFlags): void {
+function checkTurnFlags(flags: TurnFlags): void {
   if (flags.format === "json" && flags.query === undefined) throw new Error("--format json prints one answer: give --query with it");
   if (flags.user.trim() === "") throw new Error("--user must not be empty");
-  if (flags.session.trim() === "") throw new Error("--session must not be empty");
+  if (flags.session !== undefined && flags.session.trim() === "") throw new Error("--session must not be empty");
+}
+
+/**
+ * What a chat-like command checks before it loads the model: its flags, that the store exists
+ * (a turn reads it; a mistyped --data must not start an empty one) and that the K/V cache folder
+ * is one. Returns the session its turns go to: --session, else a new one for this run.
+ */
+export async function prepareTurns(flags: TurnFlags, command: "chat" | "rag"): Promise<string> {
+  checkTurnFlags(flags);
+  checkStoreExists(flags.data);
+  await checkCacheFolder(flags.cache ?? defaultCacheDir(flags.data), flags.cache === undefined ? "the K/V cache folder" : "--cache");
+  return flags.session ?? newSessionId(command);
 }
 
 /** The model's load options from the flags. */
-export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize });
+export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
 
-/** A turn's options from the flags, the part every system takes; `stream`: the answer's tokens to stdout. */
-export function baseTurnOptions(flags: TurnFlags, signal: AbortSignal, stream: boolean) {
+/** The settings the flags give the system's config (those not given keep the config's defaults). */
+export function turnConfig(flags: TurnFlags): DKIConfigInput {
+  return { ...(flags.maxMemories !== undefined ? { maxMemories: flags.maxMemories } : {}), ...(flags.memoryMaxTokens !== undefined ? { memoryMaxTokens: flags.memoryMaxTokens } : {}) };
+}
+
+/**
+ * How a turn runs: its abort signal, whether its tokens stream to stdout, and whether it is the
+ * one answer of --query (then Ctrl-C keeps the answer so far, as `dki generate` does; in the
+ * interactive session it cancels the turn).
+ */
+export interface TurnControl {
+  signal: AbortSignal;
+  stream: boolean;
+  oneShot: boolean;
+}
+
+/** A turn's options from the flags, the part every system takes. */
+export function baseTurnOptions(flags: TurnFlags, sessionId: string, c: TurnControl) {
   return {
     userId: flags.user,
-    sessionId: flags.session,
+    sessionId,
     maxNewTokens: flags.maxTokens,
     systemPrompt: flags.system,
-    signal,
-    onToken: stream ? (text: string) => void process.stdout.write(text) : undefined,
+    signal: c.signal,
+    stopOnAbortSignal: c.oneShot,
+    onToken: c.stream ? (text: string) => void process.stdout.write(text) : undefined,
   };
 }
 
 /**
  * The answer to --query: with --format json the response as one line of snake_case JSON, else
- * the answer streamed (by `ask`'s onToken) and `summary`'s lines on stderr. Ctrl-C cancels it.
+ * the answer streamed (by `ask`'s onToken) and `summary`'s lines on stderr. Ctrl-C stops it as it
+ * stops `dki generate`: the answer so far is printed (finish reason "aborted") and the exit status
+ * is 130; before the first token there is no answer, and it says so. A second Ctrl-C kills.
  */
-export async function answerOnce<R>(format: "text" | "json", ask: (signal: AbortSignal, stream: boolean) => Promise<R>, summary: (r: R) => string[]): Promise<void> {
+export async function answerOnce<R extends { finishReason: string }>(format: "text" | "json", ask: (c: TurnControl) => Promise<R>, summary: (r: R) => string[]): Promise<void> {
   const abort = new AbortController();
   const onSigint = () => abort.abort(new Error("interrupted"));
   process.once("SIGINT", onSigint);
+  let r: R;
   try {
-    const r = await ask(abort.signal, format === "text");
-    if (format === "json") process.stdout.write(JSON.stringify(snakeKeys(r)) + "\n");
-    else {
-      process.stdout.write("\n");
-      for (const line of summary(r)) process.stderr.write(line + "\n");
-    }
+    r = await ask({ signal: abort.signal, stream: format === "text", oneShot: true });
+  } catch (e) {
+    if (!abort.signal.aborted) throw e;
+    process.stderr.write("dki: interrupted before the first token\n");
+    process.exitCode = 130;
+    return;
   } finally {
     process.off("SIGINT", onSigint);
   }
+  if (r.finishReason === "aborted") process.exitCode = 130;
+  if (format === "json") process.stdout.write(JSON.stringify(snakeKeys(r)) + "\n");
+  else {
+    process.stdout.write("\n");
+    for (const line of summary(r)) process.stderr.write(line + "\n");
+  }
 }
+
+/** A memory as a summary shows it: id, relevance (what the gate reads) and the start of its text. */
+export function memoryLabel(m: { id: string; relevance: number; text: string }): string {
+  return `${m.id} (relevance ${m.relevance.toFixed(2)}) ${JSON.stringify(snippet(m.text))}`;
+}
+
+/** "| left out: ID (why); …" for the memories a turn routed but did not use, or nothing. */
+export function leftOutSummary(leftOut: readonly { id: string; reason: string }[]): string {
+  return leftOut.length === 0 ? "" : ` | left out: ${leftOut.map((l) => `${l.id} (${l.reason})`).join("; ")}`;
+}
+
+/** " | aborted" when Ctrl-C ended the answer, or nothing. */
+export const abortedSummary = (r: { finishReason: string }): string => (r.finishReason === "aborted" ? " | aborted" : "");
 
 /**
  * An interactive session on stdin: `greeting`, then each line up to `/exit` goes to `command`
@@ -73,7 +132,7 @@ export async function answerOnce<R>(format: "text" | "json", ask: (signal: Abort
 export async function chatLoop(o: {
   prompt: string;
   greeting: string;
-  ask: (line: string, signal: AbortSignal) => Promise<string>;
+  ask: (line: string, c: TurnControl) => Promise<string>;
   command?: (line: string, say: (s: string) => void) => Promise<boolean>;
 }): Promise<void> {
   const rl = createInterface({ input: process.stdin, output: process.stderr, prompt: o.prompt });
@@ -89,7 +148,7 @@ export async function chatLoop(o: {
       if (line === "/exit") break;
       if (line !== "" && !(await o.command?.(line, say))) {
         turn = new AbortController();
-        const summary = await o.ask(line, turn.signal);
+        const summary = await o.ask(line, { signal: turn.signal, stream: true, oneShot: false });
         process.stdout.write("\n");
         say(summary);
       }
@@ -111,7 +170,7 @@ export function turnCommandOptions(c: Command, cacheHelp: string): Command {
     .option("--cache <dir>", cacheHelp)
     .option("--embedder <dir>", EMBEDDER_HELP)
     .requiredOption("--user <id>", "user id")
-    .option("--session <id>", "session id", "default")
+    .option("--session <id>", "session id (default: a new session for this run, named in the output)")
     .option("-q, --query <text>", "answer this one query and exit")
     .option("--system <text>", "system prompt");
 }
@@ -121,6 +180,9 @@ export function outputOptions(c: Command): Command {
   return c
     .option("--format <format>", "text or json (json needs --query)", choiceOption("--format", ["text", "json"] as const), "text")
     .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128)
-    .option("--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024))
-    .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1));
+    .option(...threadsOption)
+    .option(...deviceOption)
+    .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))
+    .option("--max-memories <n>", "memories routed to a turn at most (default 3)", intOption("--max-memories", 0, 1000))
+    .option("--memory-max-tokens <n>", "memory tokens a turn takes at most (default 1024); memories past it are left out, and the output says so", intOption("--memory-max-tokens", 0));
 }

@@ -174,6 +174,12 @@ export interface TurnOptions {
   onToken?: (text: string, tokenId: number) => void;
   /** Cancels this turn only: a waiting turn leaves the queue, a running one stops; nothing is recorded. */
   signal?: AbortSignal;
+  /**
+   * true: an abort once the answer has begun ends it there instead, and the turn resolves with the
+   * text so far (finishReason "aborted"), recorded as any answer (a chat's stop button). An abort
+   * before the first token still rejects. Default false.
+   */
+  stopOnAbortSignal?: boolean;
   /** Replaces config.systemPrompt for this turn. */
   systemPrompt?: string;
 }
@@ -228,11 +234,12 @@ function waitOrAbort(p: Promise<unknown>, signal: AbortSignal | undefined): Prom
 }
 
 /** The checks every system's turn starts with: a query, and options naming the user and the session. */
-export function checkTurn(query: unknown, opts: { userId: string; sessionId: string }): void {
+export function checkTurn(query: unknown, opts: Pick<TurnOptions, "userId" | "sessionId" | "stopOnAbortSignal">): void {
   if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
   if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
   if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
   if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
+  if (opts.stopOnAbortSignal !== undefined && typeof opts.stopOnAbortSignal !== "boolean") throw new DkiArgumentError(`stopOnAbortSignal must be true or false, got ${String(opts.stopOnAbortSignal)}`);
 }
 
 const defaultStoreOpener: StoreOpener = (o) => MemoryStore.open(o);

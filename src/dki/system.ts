@@ -224,7 +224,7 @@ export class DKISystem {
               const genStart = performance.now();
               const result = await this.model.generate(
                 { tokens: plan.prompt.tokens },
-                { ...prepared.injection, maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal },
+                { ...prepared.injection, maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal },
               );
               return { prepared, result, genStart };
             } finally {

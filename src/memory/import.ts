@@ -15,6 +15,7 @@
 // the file ("[3].conversation.session_2[5].text"). Users that already exist are refused, so an
 // import is never doubled; each user's memories are written in one transaction.
 import { readFile, stat } from "node:fs/promises";
+import { decodeUtf8 } from "../util/utf8.js";
 import { ImportFormatError } from "./errors.js";
 import type { Metadata } from "./types.js";
 
@@ -27,6 +28,8 @@ export interface ImportResult {
   format: "locomo" | "longmemeval";
   users: { userId: string; memories: number }[];
   memories: number;
+  /** Characters of the file that were not UTF-8, read as U+FFFD (the CLI warns when there are any). */
+  invalidUtf8: number;
 }
 
 export interface ImportedTurn {
@@ -50,14 +53,17 @@ export interface ImportTarget {
 }
 
 /** Reads and checks a whole file; throws ImportFormatError naming the path of the first problem. */
-export async function parseConversations(file: string, format: ImportFormat = "auto"): Promise<{ format: "locomo" | "longmemeval"; conversations: ImportedConversation[] }> {
+export async function parseConversations(file: string, format: ImportFormat = "auto"): Promise<{ format: "locomo" | "longmemeval"; conversations: ImportedConversation[]; invalidUtf8: number }> {
   let data: unknown;
+  let invalidUtf8 = 0;
   try {
     const size = (await stat(file)).size;
     if (size > MAX_FILE_BYTES) {
       throw new ImportFormatError(file, "$", `${(size / 2 ** 20).toFixed(0)} MiB; a file is parsed whole, and above ${MAX_FILE_BYTES / 2 ** 20} MiB its text would not fit in one JavaScript string (split it, e.g. LongMemEval-M by question)`);
     }
-    data = JSON.parse(await readFile(file, "utf8"));
+    const decoded = decodeUtf8(await readFile(file));
+    invalidUtf8 = decoded.replaced;
+    data = JSON.parse(decoded.text);
   } catch (e) {
     if (e instanceof ImportFormatError) throw e;
     if (e instanceof SyntaxError) throw new ImportFormatError(file, "$", `not JSON: ${e.message}`);
@@ -72,11 +78,11 @@ export async function parseConversations(file: string, format: ImportFormat = "a
     if (earlier !== undefined) throw new ImportFormatError(file, `[${i}]`, `user id ${JSON.stringify(c.userId)} is also that of [${earlier}]`);
     seen.set(c.userId, i);
   });
-  return { format: kind, conversations };
+  return { format: kind, conversations, invalidUtf8 };
 }
 
 export async function importConversations(target: ImportTarget, file: string, options: { format?: ImportFormat; onProgress?: (done: number, total: number) => void } = {}): Promise<ImportResult> {
-  const { format, conversations } = await parseConversations(file, options.format ?? "auto");
+  const { format, conversations, invalidUtf8 } = await parseConversations(file, options.format ?? "auto");
   const existing = new Set(target.listUsers());
   const clash = conversations.find((c) => existing.has(c.userId));
   if (clash !== undefined) throw new ImportFormatError(file, "$", `user ${JSON.stringify(clash.userId)} already exists in the store; erase it first (dki user erase) or import into another folder`);
@@ -90,7 +96,7 @@ export async function importConversations(target: ImportTarget, file: string, op
     users.push({ userId: c.userId, memories: c.turns.length === 0 ? 0 : await target.insertTurns(c.userId, c.turns) });
     options.onProgress?.(users.length, conversations.length);
   }
-  return { format, users, memories: users.reduce((n, u) => n + u.memories, 0) };
+  return { format, users, memories: users.reduce((n, u) => n + u.memories, 0), invalidUtf8 };
 }
 
 function detect(file: string, data: unknown): "locomo" | "longmemeval" {

@@ -831,6 +831,24 @@ export class MemoryStore implements MemoryStoreApi {
     rmSync(join(this.dir, INDEX_DIR), { recursive: true, force: true });
     mkdirSync(join(this.dir, INDEX_DIR), { recursive: true });
   }
+
+  // ---- for the CLI's read commands and `dki stats` ----
+
+  /** Whether `dir` holds a store file: read commands refuse a folder without one instead of creating a store. */
+  static exists(dir: string): boolean {
+    return existsSync(join(resolve(dir), STORE_FILE));
+  }
+
+  /** Sessions with any record, over all users. */
+  sessionCount(): number {
+    this.checkOpen();
+    return this.db.sessions.getKeysCount();
+  }
+
+  /** Where the store's files are: the store file and the index folder. */
+  get paths(): { storeFile: string; indexDir: string } {
+    return { storeFile: join(this.dir, STORE_FILE), indexDir: join(this.dir, INDEX_DIR) };
+  }
 }
 
 /** How an erasure's audit row names the user: a salted hash, so the log proves the erasure without keeping the id. */

@@ -24,6 +24,7 @@ import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dk
 import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
+import type { LeftOut } from "../dki/system.js";
 import { routeMemories } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
@@ -47,7 +48,7 @@ export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextSh
 
 /** DKISystem's open options (the same checks, model ownership and store opening), and: */
 export interface RAGSystemOptions extends SystemOpenOptions {
-  /** The shared settings: maxMemories, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
+  /** The shared settings: maxMemories, memoryMaxTokens, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
   config?: DKIConfigInput;
   rag?: Partial<RAGConfig>;
   /** A knowledge base for `collection` turns (the caller keeps owning it). */
@@ -73,7 +74,10 @@ export interface RAGChatOptions extends TurnOptions {
 export interface RAGMemoryUsed {
   id: string;
   text: string;
+  /** The memory store's fused score (routing order). */
   score: number;
+  /** The cosine similarity of query and memory (what DKI's gate reads by default). */
+  relevance: number;
   /** Tokens of its context line in the prompt. */
   tokens: number;
 }
@@ -111,6 +115,8 @@ export interface RAGResponse {
     historyKept: number;
     historyTotal: number;
     forcedFallback: boolean;
+    /** Routed memories the turn left out: over config.memoryMaxTokens, as DKI leaves them out. */
+    memoriesLeftOut: LeftOut[];
     warnings: string[];
     log: string[];
     kbQueries: string[];
@@ -199,7 +205,8 @@ export class RAGSystem {
     const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
     const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
     const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
-    const candidates: { text: string; source: ContextSource }[] = routed.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
+    const { kept, leftOut } = this.withinMemoryBudget(routed);
+    const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
     const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
     if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
     const systemPrompt = opts.systemPrompt ?? this.config.systemPrompt;
@@ -223,7 +230,7 @@ export class RAGSystem {
         try {
           const segments: Segment[] = assembly?.segments ?? [];
           const genStart = performance.now();
-          const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal });
+          const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
           return { result, genStart, assembly };
         } finally {
           assembly?.release();
@@ -239,7 +246,7 @@ export class RAGSystem {
     used.forEach((c, i) => {
       if (c.source.kind === "memory") {
         const r = routed.find((x) => x.memory.id === (c.source as { memoryId: string }).memoryId)!;
-        memoriesUsed.push({ id: r.memory.id, text: r.memory.text, score: r.score, tokens: this.counter.count(`[${i + 1}] ${c.text}`) });
+        memoriesUsed.push({ id: r.memory.id, text: r.memory.text, score: r.score, relevance: r.signals.dense, tokens: this.counter.count(`[${i + 1}] ${c.text}`) });
       }
     });
     const sources = kbMode === "kv" ? [...used.map((c) => c.source), ...chunkSources] : used.map((c) => c.source);
@@ -272,6 +279,7 @@ export class RAGSystem {
         historyKept: built.historyKept,
         historyTotal: built.historyTotal,
         forcedFallback: built.forcedFallback,
+        memoriesLeftOut: leftOut,
         warnings: built.warnings,
         log: built.log,
         kbQueries,
@@ -304,6 +312,26 @@ export class RAGSystem {
     lat.recordMs = performance.now() - tr;
     lat.totalMs = performance.now() - t0;
     return response;
+  }
+
+  /**
+   * The routed memories whose tokens fit config.memoryMaxTokens, in routing order, as DKI counts
+   * them (so both systems get the same memories), and the others with the reason.
+   */
+  private withinMemoryBudget(routed: SearchResult[]): { kept: SearchResult[]; leftOut: LeftOut[] } {
+    const max = this.config.memoryMaxTokens;
+    let left = max;
+    const kept: SearchResult[] = [];
+    const leftOut: LeftOut[] = [];
+    for (const r of routed) {
+      const n = this.counter.count(r.memory.text);
+      if (n > left) leftOut.push({ id: r.memory.id, reason: `its ${n} tokens exceed the ${left} left of memoryMaxTokens (${max})` });
+      else {
+        left -= n;
+        kept.push(r);
+      }
+    }
+    return { kept, leftOut };
   }
 
   /** Knowledge-base chunks as K/V: each block computed once behind BOS + system prompt, then cached. */

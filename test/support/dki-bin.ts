@@ -1,7 +1,7 @@
 // Runs the `dki` command line as a user runs it: node bin/dki.js, in a child process (built by
 // npm test's tsc step; run `npx tsc -p tsconfig.json` first when running a test file alone).
 // support/models-cli.ts runs `dki models` in-process instead.
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { expect } from "vitest";
@@ -12,9 +12,66 @@ const run = promisify(execFile);
 /** The script the `dki` command runs. */
 export const dkiBin = join(repoRoot, "bin", "dki.js");
 
-/** `dki ...args`: its stdout and stderr; rejects when it exits with a non-zero status. */
-export function dki(args: string[]): Promise<{ stdout: string; stderr: string }> {
-  return run(process.execPath, [dkiBin, ...args], { maxBuffer: 64 * 1024 * 1024 });
+/** `dki ...args` (in `cwd`, default this process's): its stdout and stderr; rejects when it exits with a non-zero status. */
+export function dki(args: string[], o: { cwd?: string } = {}): Promise<{ stdout: string; stderr: string }> {
+  return run(process.execPath, [dkiBin, ...args], { maxBuffer: 64 * 1024 * 1024, cwd: o.cwd });
+}
+
+export interface DkiRun {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Starts `dki ...args` with `input` on its stdin (closed after it; none: an empty stdin);
+ * `onStdout` sees each chunk of its output with the child, to signal it.
+ */
+export function dkiSpawn(args: string[], o: { input?: string | Buffer; onStdout?: (chunk: string, child: ReturnType<typeof spawn>) => void } = {}) {
+  const child = spawn(process.execPath, [dkiBin, ...args], { stdio: ["pipe", "pipe", "pipe"] });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (d: Buffer) => {
+    stdout += d.toString();
+    o.onStdout?.(d.toString(), child);
+  });
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  child.stdin.end(o.input ?? "");
+  const done = new Promise<DkiRun>((resolve) => child.on("close", (code, signal) => resolve({ code, signal, stdout, stderr })));
+  return { child, done };
+}
+
+/**
+ * `dki ...args` (a one-shot turn that would write for long) stopped by a real SIGINT. Text
+ * (`json` false): sent at its first output, once the answer streams. JSON prints nothing before
+ * the end, so it is sent after a delay, longer each try, until a run was stopped while answering
+ * (not killed during the model load, where Node's default applies, nor stopped before the first
+ * token). Returns that run.
+ */
+export async function dkiInterrupted(args: string[], json: boolean): Promise<DkiRun> {
+  if (!json) {
+    let sent = false;
+    return dkiSpawn(args, {
+      onStdout: (_chunk, child) => {
+        if (!sent) child.kill("SIGINT");
+        sent = true;
+      },
+    }).done;
+  }
+  for (const delayMs of [500, 1000, 2000, 4000, 8000]) {
+    const { child, done } = dkiSpawn(args);
+    setTimeout(() => child.kill("SIGINT"), delayMs);
+    const r = await done;
+    if (r.signal === "SIGINT") continue;
+    if (r.stderr === "dki: interrupted before the first token\n") {
+      expect(r.code).toBe(130);
+      expect(r.stdout).toBe("");
+      continue;
+    }
+    return r;
+  }
+  throw new Error("the answer never started within 8 s");
 }
 
 /** The stderr of `dki ...args`, which must fail with exit status 1. */

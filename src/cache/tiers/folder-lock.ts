@@ -15,7 +15,8 @@ import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import { native } from "../../engine/native.js";
 
-const LOCK_FILE = ".lock";
+/** The lock file in a cache folder (the one file there that is not an entry). */
+export const LOCK_FILE = ".lock";
 
 /**
  * Folders locked by this process. flock already refuses a second lock here (each open is its own

@@ -20,6 +20,7 @@
 import { mkdir, open, readdir, readFile, rename, stat, unlink, utimes } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { KEY_PATTERN, USER_HASH_PATTERN } from "../keys.js";
+import { LOCK_FILE } from "./folder-lock.js";
 import { Usage } from "../usage.js";
 
 export const ENTRY_HEADER_BYTES = 64;
@@ -62,6 +63,41 @@ export function decodeEntry(key: string, file: Buffer): Buffer {
     throw new CorruptEntryError(`L3 entry ${key} is ${file.length - ENTRY_HEADER_BYTES} bytes after its header, its header says ${n} (truncated?)`);
   }
   return file.subarray(ENTRY_HEADER_BYTES);
+}
+
+/** An entry file found in an L3 folder. */
+export interface L3FileEntry {
+  key: string;
+  userHash: string;
+  bytes: number;
+  mtime: number;
+}
+
+/**
+ * What a folder holds, read as an L3 folder: its entry files, the temporary files of writes cut
+ * short, and the paths that are none of the cache's own (the lock file, user-hash folders, entry
+ * and temporary files in them): a folder with any of those is not (only) a K/V cache.
+ */
+export async function readL3Folder(dir: string): Promise<{ entries: L3FileEntry[]; temporary: string[]; foreign: string[] }> {
+  const entries: L3FileEntry[] = [];
+  const temporary: string[] = [];
+  const foreign: string[] = [];
+  for (const u of await readdir(dir, { withFileTypes: true })) {
+    if (u.name === LOCK_FILE && u.isFile()) continue;
+    if (!u.isDirectory() || !USER_HASH_PATTERN.test(u.name)) {
+      foreign.push(join(dir, u.name));
+      continue;
+    }
+    for (const f of await readdir(join(dir, u.name))) {
+      const path = join(dir, u.name, f);
+      const m = FILE_PATTERN.exec(f);
+      const st = m || f.endsWith(".tmp") ? await stat(path) : null;
+      if (m && st?.isFile()) entries.push({ key: m[1], userHash: u.name, bytes: st.size, mtime: st.mtimeMs });
+      else if (f.endsWith(".tmp") && st?.isFile()) temporary.push(path);
+      else foreign.push(path);
+    }
+  }
+  return { entries, temporary, foreign };
 }
 
 interface L3Record {
@@ -108,20 +144,8 @@ export class L3Files {
    */
   static async open(dir: string, budget: number, halfLife: number): Promise<L3Files> {
     const l3 = new L3Files(dir, budget);
-    const found: { key: string; userHash: string; bytes: number; mtime: number }[] = [];
-    for (const u of await readdir(dir, { withFileTypes: true })) {
-      if (!u.isDirectory() || !USER_HASH_PATTERN.test(u.name)) continue;
-      for (const f of await readdir(join(dir, u.name))) {
-        const path = join(dir, u.name, f);
-        const m = FILE_PATTERN.exec(f);
-        if (m) {
-          const st = await stat(path);
-          if (st.isFile()) found.push({ key: m[1], userHash: u.name, bytes: st.size, mtime: st.mtimeMs });
-        } else if (f.endsWith(".tmp")) {
-          await unlink(path).catch(() => {}); // a write cut short by a crash
-        }
-      }
-    }
+    const { entries: found, temporary } = await readL3Folder(dir);
+    for (const path of temporary) await unlink(path).catch(() => {}); // writes cut short by a crash
     // Oldest first, with ticks before the new session's clock starts at 0, so recency carries over.
     found.sort((a, b) => a.mtime - b.mtime);
     found.forEach((f, i) => {

@@ -7,8 +7,9 @@
 // happens before the one LMDB transaction that replaces a document's chunks, so a failed ingestion
 // leaves the collection exactly as it was, and a reader never sees half of a re-ingested document.
 import { createHash } from "node:crypto";
-import { mkdir, readFile, stat } from "node:fs/promises";
-import { isAbsolute, relative, resolve } from "node:path";
+import { existsSync } from "node:fs";
+import { mkdir, readFile, realpath, stat } from "node:fs/promises";
+import { resolve } from "node:path";
 import { open, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../../errors.js";
 import { ScopedHybridIndex, type HybridHit, type HybridQuery, type HybridSearchOptions, type IndexedDocument, type RebuildReport, type SavedIndex } from "../../memory/retrieval/scoped-index.js";
@@ -82,10 +83,14 @@ export interface KbChunk extends TextChunk {
 
 export interface IngestOptions {
   collection: string;
-  /** Default: the path relative to the working directory (the file name for `ingestText`'s required id). */
+  /**
+   * Default (ingestFile): the file's absolute path, symbolic links resolved, so the same file is
+   * one document whatever the working directory; a moved file is a new document (remove the old).
+   */
   docId?: string;
   /** Default: from the file's extension. */
   docType?: DocType;
+  /** Default: on re-ingestion, the document's metadata from before (give {} to clear it); else none. */
   metadata?: DocumentMetadata;
   chunk?: ChunkOptions;
 }
@@ -116,6 +121,7 @@ interface ScopeRecord {
   saved?: SavedIndex;
 }
 
+const KB_FILE = "kb.lmdb";
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
 const SEP = "\u0000";
 // Keys are [collection, id] arrays, as the memory store's: a collection's records are the range
@@ -163,6 +169,12 @@ function documentFields(docId: string, docType: DocType, title: string | undefin
     fields[k] = v as JsonValue;
   }
   return fields;
+}
+
+/** A stored document's fields as the caller's metadata again: less those the knowledge base sets (and createdAt, kept apart). */
+function callerMetadata(fields: Metadata): DocumentMetadata {
+  const { docId: _id, docType: _type, title: _title, createdAt: _at, ...rest } = fields;
+  return rest as DocumentMetadata;
 }
 
 const vectorBytes = (v: Float32Array): Uint8Array => new Uint8Array(v.buffer.slice(v.byteOffset, v.byteOffset + v.byteLength));
@@ -236,7 +248,7 @@ export class KnowledgeBase {
     if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) throw new DkiArgumentError(`maxDocumentBytes must be a positive integer, got ${maxBytes}`);
     if (!Number.isSafeInteger(maxChunks) || maxChunks < 1) throw new DkiArgumentError(`maxChunksPerDocument must be a positive integer, got ${maxChunks}`);
     await mkdir(o.dir, { recursive: true });
-    const root = open({ path: resolve(o.dir, "kb.lmdb"), compression: false });
+    const root = open({ path: resolve(o.dir, KB_FILE), compression: false });
     const meta = root.openDB<{ version: number }, string>({ name: "meta" });
     const v = meta.get("schema");
     if (v === undefined) await meta.put("schema", { version: KB_SCHEMA_VERSION });
@@ -335,7 +347,12 @@ export class KnowledgeBase {
     return this.index.search(collection, query, options);
   }
 
-  /** Reads a file and ingests it. The document id defaults to its path relative to the working directory. */
+  /** Whether `dir` holds a knowledge base (open() creates one: a read-only caller checks first). */
+  static exists(dir: string): boolean {
+    return existsSync(resolve(dir, KB_FILE));
+  }
+
+  /** Reads a file and ingests it. The document id defaults to its absolute path (symbolic links resolved). */
   async ingestFile(path: string, o: IngestOptions): Promise<IngestResult> {
     this.live();
     if (typeof path !== "string" || path === "") throw new DkiArgumentError("ingestFile needs a file path");
@@ -352,8 +369,7 @@ export class KnowledgeBase {
     this.checkSize(path, size);
     const bytes = new Uint8Array(await readFile(path));
     this.checkSize(path, bytes.length);
-    const rel = relative(process.cwd(), resolve(path));
-    const docId = o.docId ?? (rel.startsWith("..") || isAbsolute(rel) ? resolve(path) : rel);
+    const docId = o.docId ?? (await realpath(path));
     return this.ingestBytes(bytes, { ...o, docId, docType }, path);
   }
 
@@ -385,11 +401,13 @@ export class KnowledgeBase {
     const now = Date.now();
     // Everything that can fail happens here, before the transaction.
     const parsed = await parseDocument(bytes, o.docType, name);
-    const fields = documentFields(o.docId, o.docType, parsed.title, o.metadata, now);
-    const hash = createHash("sha256").update(bytes).update(JSON.stringify({ chunkOpts, fields: { ...fields, createdAt: o.metadata?.createdAt ?? null } })).digest("hex");
     const old = this.documents.get(docKey(o.collection, o.docId));
+    // Re-ingested without metadata: the document keeps its own (its createdAt is kept below).
+    const metadata = o.metadata ?? (old ? callerMetadata(old.fields) : undefined);
+    const fields = documentFields(o.docId, o.docType, parsed.title, metadata, now);
+    const hash = createHash("sha256").update(bytes).update(JSON.stringify({ chunkOpts, fields: { ...fields, createdAt: metadata?.createdAt ?? null } })).digest("hex");
     if (old && old.contentHash === hash) return { docId: o.docId, status: "unchanged", chunks: old.chunkIds.length, duplicatesSkipped: 0 };
-    if (old && o.metadata?.createdAt === undefined) fields.createdAt = old.fields.createdAt ?? now;
+    if (old && metadata?.createdAt === undefined) fields.createdAt = old.fields.createdAt ?? now;
     const pieces = chunkDocument(this.tokenizer, parsed, chunkOpts);
     if (pieces.length === 0) throw new DkiArgumentError(`${name}: no text to index after chunking`);
     if (pieces.length > this.maxChunks) throw new DkiArgumentError(`${name}: ${pieces.length} chunks is over the ${this.maxChunks}-chunk limit of one document (maxChunksPerDocument); split it`);

@@ -35,6 +35,11 @@ const EXTENSIONS: Readonly<Record<string, DocType>> = {
   ".pdf": "pdf",
 };
 
+/** Whether a file name has an extension ingestion reads (what a folder's walk takes). */
+export function isSupportedFile(name: string): boolean {
+  return EXTENSIONS[extname(name).toLowerCase()] !== undefined;
+}
+
 /** The document type of a file name, or an error naming the extension and the supported ones. */
 export function docTypeOf(name: string): DocType {
   const ext = extname(name).toLowerCase();
