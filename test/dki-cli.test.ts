@@ -2,10 +2,12 @@
 // as JSON with the DKIResponse's fields in snake_case, one streamed with its summary line, the
 // interactive session's commands, and the usage errors.
 import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
-import { dki, dkiBin, dkiFails } from "./support/dki-bin.js";
+import { Tokenizer } from "../src/tokenizer/tokenizer.js";
+import { dki, dkiBin, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
 
 let model: string;
@@ -46,7 +48,9 @@ describe("dki chat", () => {
   test("text: the answer streamed on stdout, the turn's summary on stderr; --no-memory injects nothing", async () => {
     const { stdout, stderr } = await dki(["chat", "--model", model, "--data", data, "--user", "alice", "--query", "Hiking in the Alps with peanuts?", "-n", "3"]);
     expect(stdout.endsWith("\n")).toBe(true);
-    expect(stderr).toMatch(new RegExp(`^\\[memories: ${memId} \\(\\d\\.\\d\\d\\) \\| α \\d\\.\\d\\d \\| gate: top relevance .* \\| cache: preferences L[13], ${memId} L[13] \\| ttft \\d+ ms, \\d+ tokens\\]\\n$`));
+    // The memory with its relevance and the start of its text (39 characters and an ellipsis), and the session the turn went to.
+    const label = `${memId} \\(relevance \\d\\.\\d\\d\\) "Alice loves hiking in the Alps and is a…"`;
+    expect(stderr).toMatch(new RegExp(`^\\[memories: ${label} \\| α \\d\\.\\d\\d \\| gate: top relevance .* \\| cache: preferences L[13], ${memId} L[13] \\| ttft \\d+ ms, \\d+ tokens \\| session chat-\\d{8}T\\d{6}Z-[0-9a-f]{6}\\]\\n$`));
     const off = await dki(["chat", "--model", model, "--data", data, "--user", "alice", "--query", "Hiking in the Alps with peanuts?", "-n", "3", "--no-memory"]);
     expect(off.stderr).toMatch(/^\[memories: none \| α - \| gate: injection is off for this turn \(allowInjection: false\) \| cache: nothing injected \|/);
   });
@@ -64,7 +68,7 @@ describe("dki chat", () => {
     expect(err).toMatch(/mem_\S+ {2}Bob sails in Brittany every summer\./);
     expect(err).toMatch(/added preference \S+/);
     expect(err).toMatch(/\S+ {2}\[food\] vegetarian \(priority \d+\)/);
-    expect(err).toMatch(/\[memories: mem_\S+ \(\d\.\d\d\) \| α \d\.\d\d \| gate: .* \| cache: preferences L4, mem_\S+ L4 \|/);
+    expect(err).toMatch(/\[memories: mem_\S+ \(relevance \d\.\d\d\) "Bob sails in Brittany every summer\." \| α \d\.\d\d \| gate: .* \| cache: preferences L4, mem_\S+ L4 \|/);
     expect(err).toMatch(/dki: .*nope/);
     expect(err).toMatch(/unknown command \/bogus/);
     expect(out.length).toBeGreaterThan(0);
@@ -88,5 +92,91 @@ describe("dki chat", () => {
     expect(gated.gating.reason).toMatch(/^top relevance 0\.\d{3} is below the threshold 0\.990: no memory injected$/);
     const open = JSON.parse((await dki([...ask, "--relevance-threshold", "0"])).stdout);
     expect(open.memories_used.map((m: { id: string }) => m.id)).toEqual([memId]);
+  });
+});
+
+describe("dki chat: sessions, checks before the model loads, limits, Ctrl-C", () => {
+  const base = () => ["chat", "--model", model, "--data", data, "-n", "2", "--threads", "1"];
+
+  test("one-shot turns go to a new session each unless --session is given (named in JSON and text); rag's never share chat's", async () => {
+    const ask = async (q: string, extra: string[] = []) => JSON.parse((await dki([...base(), "--user", "carol", "--query", q, "--format", "json", ...extra])).stdout);
+    const a = await ask("First question?");
+    const b = await ask("Second question?");
+    expect(a.metadata.session_id).toMatch(/^chat-\d{8}T\d{6}Z-[0-9a-f]{6}$/);
+    expect(b.metadata.session_id).toMatch(/^chat-/);
+    expect(b.metadata.session_id).not.toBe(a.metadata.session_id);
+    expect(b.metadata.hybrid_injection.history_messages).toEqual([]);
+    const rag = JSON.parse((await dki(["rag", "--model", model, "--data", data, "-n", "2", "--user", "carol", "--query", "Third question?", "--format", "json"])).stdout);
+    expect(rag.metadata.session_id).toMatch(/^rag-\d{8}T\d{6}Z-[0-9a-f]{6}$/);
+    expect(rag.metadata.history_total).toBe(0);
+    // Named, the session carries the conversation on.
+    await ask("Named one?", ["--session", "mine"]);
+    const named = await ask("Named two?", ["--session", "mine"]);
+    expect(named.metadata.session_id).toBe("mine");
+    expect(named.metadata.hybrid_injection.history_messages[0]).toMatchObject({ role: "user", content: "Named one?" });
+    // Each turn was recorded in the session it named.
+    const store = await MemoryStore.open({ dir: data });
+    try {
+      for (const [s, q] of [[a.metadata.session_id, "First question?"], [b.metadata.session_id, "Second question?"], [rag.metadata.session_id, "Third question?"]]) {
+        expect((await store.conversations.list({ userId: "carol", sessionId: s })).map((t) => t.content)[0]).toBe(q);
+      }
+    } finally {
+      await store.close();
+    }
+  });
+
+  test("a store that does not exist and a --cache that is not a cache folder are refused before the model loads; nothing is created", async () => {
+    const missing = join(tempDir(), "typo");
+    expect(await dkiFails(["chat", "--model", model, "--data", missing, "--user", "alice", "--query", "hi"])).toBe(`dki: --data ${missing}: no memory store there (${missing}); check the path (dki memory add or dki memory import creates a store)\n`);
+    expect(await dkiFails(["rag", "--model", model, "--data", missing, "--user", "alice", "--query", "hi"])).toMatch(/^dki: --data .*typo: no memory store there/);
+    expect(existsSync(missing)).toBe(false);
+    expect(existsSync(`${missing}.kv-cache`)).toBe(false);
+    // A model folder as the cache: refused by name, left as it was.
+    expect(await dkiFails([...base(), "--user", "alice", "--query", "hi", "--cache", model])).toMatch(new RegExp(`^dki: --cache ${model} is not a K/V cache folder: it holds \\S+, \\S+, \\S+ and \\d+ more; give an empty or new folder\\n$`));
+    expect(await dkiFails(["rag", "--model", model, "--data", data, "--user", "alice", "--query", "hi", "--cache", model])).toMatch(/is not a K\/V cache folder/);
+    // An empty folder becomes a cache, and is one the next time.
+    const cache = tempDir();
+    for (let i = 0; i < 2; i++) {
+      const r = JSON.parse((await dki([...base(), "--user", "alice", "--query", "Hiking in the Alps?", "--cache", cache, "--format", "json"])).stdout);
+      expect(r.cache.tiers.map((t: { tier: string }) => t.tier)).toEqual(i === 0 ? ["L4", "L4"] : ["L3", "L3"]);
+    }
+  });
+
+  test("--memory-max-tokens: a memory over it is left out, and every output says so and why; --max-memories 0 routes none; --device", async () => {
+    const tokens = (await Tokenizer.fromFolder(model)).encode("Alice loves hiking in the Alps and is allergic to peanuts.", { addSpecialTokens: false }).length;
+    const reason = `its ${tokens} tokens exceed the 3 left of memoryMaxTokens (3)`;
+    const q = ["--user", "alice", "--query", "Any tips for hiking in the Alps with a peanut allergy?", "--memory-max-tokens", "3", "--relevance-threshold", "0"];
+    const r = JSON.parse((await dki([...base(), ...q, "--format", "json"])).stdout);
+    expect(r.memories_used).toEqual([]);
+    expect(r.metadata.memories_left_out).toEqual([{ id: memId, reason }]);
+    expect(r.cache.tiers.map((t: { kind: string }) => t.kind)).toEqual(["preferences"]);
+    const text = await dki([...base(), ...q]);
+    expect(text.stderr).toContain(`[memories: none | left out: ${memId} (${reason}) | α - |`);
+    const none = JSON.parse((await dki([...base(), "--user", "alice", "--query", "Hiking in the Alps?", "--max-memories", "0", "--format", "json", "--device", "cpu"])).stdout);
+    expect(none.memories_used).toEqual([]);
+    expect(none.metadata.memories_left_out).toEqual([]);
+    expect(await dkiFails([...base(), "--user", "alice", "--query", "hi", "--device", "tpu"])).toMatch(/--device must be one of cpu, cuda, auto, got "tpu"/);
+    expect(await dkiFails([...base(), "--user", "alice", "--query", "hi", "--max-memories", "-1"])).toMatch(/--max-memories must be an integer in \[0, 1000\], got "-1"/);
+  });
+
+  // A long answer (a huge token limit and context) that only Ctrl-C ends.
+  const endless = () => ["chat", "--model", model, "--data", data, "--user", "alice", "--query", "Tell me about hiking in the Alps.", "-n", "100000", "--context-size", "16384"];
+
+  test("Ctrl-C (a real SIGINT) in chat -q: the answer so far, its summary saying aborted, exit 130", async () => {
+    const r = await dkiInterrupted(endless(), false);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stdout.length).toBeGreaterThan(1);
+    expect(r.stdout.endsWith("\n")).toBe(true);
+    expect(r.stderr).toMatch(/^\[memories: .* \| ttft \d+ ms, \d+ tokens \| aborted \| session chat-\S+\]\n$/);
+  });
+
+  test("Ctrl-C (a real SIGINT) in chat -q --format json: the response so far (finish_reason aborted), exit 130", async () => {
+    const r = await dkiInterrupted([...endless(), "--format", "json"], true);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stderr).toBe("");
+    const j = JSON.parse(r.stdout);
+    expect(j.finish_reason).toBe("aborted");
+    expect(j.output_tokens).toBeGreaterThan(0);
+    expect(j.text.length).toBeGreaterThan(0);
   });
 });
