@@ -1,11 +1,13 @@
 // `dki rag` and `dki chat --mode rag` as a user runs them (node bin/dki.js), on a generated model,
 // the real memory store and a knowledge-base collection made with `dki kb ingest`.
-import { writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
-import { dki, dkiFails } from "./support/dki-bin.js";
+import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
+import { Tokenizer } from "../src/tokenizer/tokenizer.js";
+import { dki, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
 
 let model: string;
@@ -42,7 +44,7 @@ describe("dki rag", () => {
     expect(kv.metadata.context_tokens).toBe(0);
     // Text mode: the answer streams to stdout, the summary goes to stderr.
     const text = await dki(["chat", "--mode", "rag", ...base, "--query", "Where do I like hiking?"]);
-    expect(text.stderr).toMatch(/^\[memories: .* \| prompt \d+ tokens \(context \d+\) \| ttft \d+ ms, \d+ tokens\]/);
+    expect(text.stderr).toMatch(/^\[memories: .* \| prompt \d+ tokens \(context \d+\) \| ttft \d+ ms, \d+ tokens \| session rag-\S+\]\n$/);
   });
 
   test("bad flags are refused by name", async () => {
@@ -53,5 +55,59 @@ describe("dki rag", () => {
     expect(await dkiFails(["rag", ...base, "--format", "json"])).toMatch(/--format json prints one answer/);
     expect(await dkiFails(["chat", "--mode", "rag", "--alpha", "0.5", ...base, "--query", "q"])).toMatch(/--alpha applies to --mode dki only/);
     expect(await dkiFails(["rag", ...base, "--kb-mode", "html", "--query", "q"])).toMatch(/--kb-mode/);
+  });
+});
+
+describe("dki rag: limits, relevance, a missing knowledge base, Ctrl-C", () => {
+  test("--memory-max-tokens leaves memories out as dki chat does, said in JSON and text; memories show their cosine relevance and a snippet", async () => {
+    const base = ["rag", "--model", model, "--data", data, "--user", "alice", "--max-tokens", "2", "--threads", "1", "--query", "Tips for hiking with a peanut allergy?"];
+    const all = JSON.parse((await dki([...base, "--format", "json"])).stdout);
+    expect(all.memories_used).toHaveLength(2);
+    // The reference cosine: the hashing embedder's unit vectors of query and memory, computed here.
+    const embedder = new HashingEmbedder();
+    const [q] = await embedder.embed(["Tips for hiking with a peanut allergy?"]);
+    for (const m of all.memories_used as { text: string; relevance: number }[]) {
+      const [v] = await embedder.embed([m.text]);
+      expect(Math.abs(m.relevance - q.reduce((s, x, i) => s + x * v[i], 0))).toBeLessThan(1e-4);
+    }
+    // A budget that fits the first routed memory and not the second.
+    const tok = await Tokenizer.fromFolder(model);
+    const n = (t: string) => tok.encode(t, { addSpecialTokens: false }).length;
+    const [first, second] = all.memories_used as { id: string; text: string }[];
+    const budget = n(first.text) + n(second.text) - 1;
+    const cut = JSON.parse((await dki([...base, "--format", "json", "--memory-max-tokens", String(budget)])).stdout);
+    expect(cut.memories_used.map((m: { id: string }) => m.id)).toEqual([first.id]);
+    const reason = `its ${n(second.text)} tokens exceed the ${budget - n(first.text)} left of memoryMaxTokens (${budget})`;
+    expect(cut.metadata.memories_left_out).toEqual([{ id: second.id, reason }]);
+    const text = await dki([...base, "--memory-max-tokens", String(budget)]);
+    expect(text.stderr).toMatch(new RegExp(`^\\[memories: ${first.id} \\(relevance \\d\\.\\d\\d\\) "${first.text.replace(/\./g, "\\.")}" \\| left out: ${second.id} \\(${reason.replace(/[()]/g, "\\$&")}\\) \\| prompt`));
+    expect(text.stderr).toMatch(/ \| session rag-\S+\]\n/);
+    const none = JSON.parse((await dki([...base, "--format", "json", "--max-memories", "0", "--device", "cpu"])).stdout);
+    expect(none.memories_used).toEqual([]);
+  });
+
+  test("--collection with no knowledge base beside the store is refused, and none is created", async () => {
+    const other = join(tempDir(), "store");
+    await dki(["memory", "add", "x", "--data", other, "--user", "alice"]);
+    expect(await dkiFails(["rag", "--model", model, "--data", other, "--user", "alice", "--collection", "hb", "--query", "q"])).toBe(`dki: --data ${other}: no knowledge base there (${other}.kb); check the path (dki kb ingest creates one)\n`);
+    expect(existsSync(`${other}.kb`)).toBe(false);
+  });
+
+  const endless = () => ["rag", "--model", model, "--data", data, "--user", "alice", "--query", "Tell me about hiking in the Alps.", "-n", "100000", "--context-size", "16384"];
+
+  test("Ctrl-C (a real SIGINT) in rag -q: the answer so far, its summary saying aborted, exit 130", async () => {
+    const r = await dkiInterrupted(endless(), false);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stdout.length).toBeGreaterThan(1);
+    expect(r.stderr).toMatch(/^\[memories: .* \| ttft \d+ ms, \d+ tokens \| aborted \| session rag-\S+\]\n$/);
+  });
+
+  test("Ctrl-C (a real SIGINT) in rag -q --format json: the response so far (finish_reason aborted), exit 130", async () => {
+    const r = await dkiInterrupted([...endless(), "--format", "json"], true);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stderr).toBe("");
+    const j = JSON.parse(r.stdout);
+    expect(j.finish_reason).toBe("aborted");
+    expect(j.output_tokens).toBeGreaterThan(0);
   });
 });
