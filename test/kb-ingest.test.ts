@@ -50,7 +50,7 @@ describe("ingestion", () => {
     const r4 = await kb.ingestFile(txt, { collection: "docs" });
     expect([r1.status, r2.status, r3.status, r4.status]).toEqual(["added", "added", "added", "added"]);
     const docs = kb.listDocuments("docs");
-    // A file's id is its path (relative to the working directory when under it).
+    // A file's id is its absolute path (symbolic links resolved), whatever the working directory.
     expect(docs).toHaveLength(4);
     for (const p of [md, pdf, txt]) expect(docs.some((d) => resolve(d.docId) === resolve(p))).toBe(true);
     expect(docs.some((d) => d.docId === "cafes")).toBe(true);

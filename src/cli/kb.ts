@@ -100,7 +100,7 @@ async function filesToIngest(paths: string[]): Promise<{ files: string[]; skippe
  * progress is those lines, never a bar redrawn over them. With --format json the lines go to
  * stderr on a terminal only, and stdout gets one JSON object at the end.
  */
-async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; format: "text" | "json" }): Promise<void> {
+async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; replaceInvalidUtf8?: boolean; format: "text" | "json" }): Promise<void> {
   const metadata = flags.metadata === undefined ? undefined : (jsonObjectOption("--metadata", flags.metadata) as DocumentMetadata);
   const { files, skipped } = await filesToIngest(paths);
   const progress = (line: string) => {
@@ -115,8 +115,9 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
     for (const [i, p] of files.entries()) {
       const at = `[${i + 1}/${files.length}]`;
       try {
-        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap } });
+        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap }, replaceInvalidUtf8: flags.replaceInvalidUtf8 });
         results.push({ path: p, ...r });
+        if (r.invalidUtf8 > 0) process.stderr.write(`dki: warning: ${p}: ${r.invalidUtf8} byte sequence${r.invalidUtf8 === 1 ? " was" : "s were"} not UTF-8, read as U+FFFD\n`);
         progress(`${at} ${r.status} ${r.docId}: ${r.chunks} chunks${r.duplicatesSkipped > 0 ? `, ${r.duplicatesSkipped} duplicates skipped` : ""}`);
       } catch (e) {
         // One bad file does not stop the others; each failed file leaves the collection as it was.
@@ -180,6 +181,7 @@ export function registerKbCommand(program: Command): void {
       .option("--metadata <json>", 'fields of every file: {"category", "source", "chapter", "sessionId", "createdAt", custom keys}; a re-ingested file keeps its own unless given ({} clears them)')
       .option("--chunk-tokens <n>", "tokens per chunk (default 512)", intOption("--chunk-tokens", 8, 65536))
       .option("--overlap <n>", "tokens shared by consecutive chunks (default 64)", intOption("--overlap", 0, 65535))
+      .option("--replace-invalid-utf8", "read bytes that are not UTF-8 as U+FFFD, with a warning counting them (default: such a file is refused)")
       .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
   ).action((paths: string[], flags) => ingest(paths, flags));
   common(

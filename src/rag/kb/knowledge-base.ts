@@ -93,6 +93,8 @@ export interface IngestOptions {
   /** Default: on re-ingestion, the document's metadata from before (give {} to clear it); else none. */
   metadata?: DocumentMetadata;
   chunk?: ChunkOptions;
+  /** Read bytes that are not UTF-8 as U+FFFD (counted in the result) instead of refusing the document. */
+  replaceInvalidUtf8?: boolean;
 }
 
 export interface IngestResult {
@@ -101,6 +103,8 @@ export interface IngestResult {
   chunks: number;
   /** Chunks dropped because the document already had one with the same id (same text). */
   duplicatesSkipped: number;
+  /** Characters read as U+FFFD because the bytes there were not UTF-8 (replaceInvalidUtf8). */
+  invalidUtf8: number;
 }
 
 interface CollectionRecord {
@@ -400,13 +404,14 @@ export class KnowledgeBase {
     }
     const now = Date.now();
     // Everything that can fail happens here, before the transaction.
-    const parsed = await parseDocument(bytes, o.docType, name);
+    const parsed = await parseDocument(bytes, o.docType, name, { replaceInvalidUtf8: o.replaceInvalidUtf8 });
+    const invalidUtf8 = parsed.invalidUtf8 ?? 0;
     const old = this.documents.get(docKey(o.collection, o.docId));
     // Re-ingested without metadata: the document keeps its own (its createdAt is kept below).
     const metadata = o.metadata ?? (old ? callerMetadata(old.fields) : undefined);
     const fields = documentFields(o.docId, o.docType, parsed.title, metadata, now);
     const hash = createHash("sha256").update(bytes).update(JSON.stringify({ chunkOpts, fields: { ...fields, createdAt: metadata?.createdAt ?? null } })).digest("hex");
-    if (old && old.contentHash === hash) return { docId: o.docId, status: "unchanged", chunks: old.chunkIds.length, duplicatesSkipped: 0 };
+    if (old && old.contentHash === hash) return { docId: o.docId, status: "unchanged", chunks: old.chunkIds.length, duplicatesSkipped: 0, invalidUtf8 };
     if (old && metadata?.createdAt === undefined) fields.createdAt = old.fields.createdAt ?? now;
     const pieces = chunkDocument(this.tokenizer, parsed, chunkOpts);
     if (pieces.length === 0) throw new DkiArgumentError(`${name}: no text to index after chunking`);
@@ -461,7 +466,7 @@ export class KnowledgeBase {
     });
     if (dropped.length > 0) this.index.remove(o.collection, dropped, generation);
     this.index.put(o.collection, indexed, generation);
-    return { docId: o.docId, status: replaced ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length };
+    return { docId: o.docId, status: replaced ? "replaced" : "added", chunks: unique.length, duplicatesSkipped: pieces.length - unique.length, invalidUtf8 };
   }
 
   /** Removes a document and its chunks (one transaction). Returns whether it existed. */

@@ -5,6 +5,7 @@
 import { extname } from "node:path";
 import { load } from "cheerio";
 import { DkiArgumentError, FormatError } from "../../errors.js";
+import { decodeUtf8 } from "../../util/utf8.js";
 
 export type DocType = "text" | "markdown" | "html" | "pdf";
 export const DOC_TYPES: readonly DocType[] = ["text", "markdown", "html", "pdf"];
@@ -22,6 +23,8 @@ export interface ParsedDocument {
   text: string;
   title?: string;
   sections: Section[];
+  /** Characters read as U+FFFD because the bytes there were not UTF-8 (only with replaceInvalidUtf8). */
+  invalidUtf8?: number;
 }
 
 const EXTENSIONS: Readonly<Record<string, DocType>> = {
@@ -50,16 +53,17 @@ export function docTypeOf(name: string): DocType {
   return t;
 }
 
-/** UTF-8 text of a file, refusing binary content (NUL bytes or invalid UTF-8) and a leading BOM kept out. */
-function decodeText(bytes: Uint8Array, name: string): string {
-  let text: string;
-  try {
-    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false }).decode(bytes);
-  } catch {
-    throw new FormatError(name, "is not UTF-8 text (a binary file?)");
+/**
+ * UTF-8 text of a file (a leading BOM kept out), refusing binary content: NUL bytes, and bytes
+ * that are not UTF-8 unless `replace` reads them as U+FFFD (counted, so the caller can say so).
+ */
+function decodeText(bytes: Uint8Array, name: string, replace: boolean): { text: string; replaced: number } {
+  const { text, replaced } = decodeUtf8(bytes);
+  if (replaced > 0 && !replace) {
+    throw new FormatError(name, `is not UTF-8 text: ${replaced} byte sequence${replaced === 1 ? " is" : "s are"} not UTF-8 (a binary file? replaceInvalidUtf8, CLI --replace-invalid-utf8, reads them as U+FFFD)`);
   }
   if (text.includes("\u0000")) throw new FormatError(name, "holds NUL bytes: a binary file, not text");
-  return text;
+  return { text, replaced };
 }
 
 function whole(text: string): Section[] {
@@ -231,14 +235,17 @@ async function pdfToText(bytes: Uint8Array, name: string): Promise<{ text: strin
 }
 
 /** Parses a document's bytes. Every failure names the document. */
-export async function parseDocument(bytes: Uint8Array, docType: DocType, name: string): Promise<ParsedDocument> {
+export async function parseDocument(bytes: Uint8Array, docType: DocType, name: string, o: { replaceInvalidUtf8?: boolean } = {}): Promise<ParsedDocument> {
   if (!DOC_TYPES.includes(docType)) throw new DkiArgumentError(`${name}: unsupported document type ${JSON.stringify(docType)}; supported: ${DOC_TYPES.join(", ")}`);
   if (bytes.length === 0) throw new FormatError(name, "is empty");
   let parsed: { text: string; title?: string; sections: Section[] };
+  let invalidUtf8 = 0;
   if (docType === "pdf") {
     parsed = await pdfToText(bytes, name);
   } else {
-    const raw = decodeText(bytes, name).replace(/^\uFEFF/, "");
+    const decoded = decodeText(bytes, name, o.replaceInvalidUtf8 === true);
+    invalidUtf8 = decoded.replaced;
+    const raw = decoded.text.replace(/^\uFEFF/, "");
     if (docType === "html") parsed = htmlToText(raw);
     else if (docType === "markdown") parsed = { text: raw, sections: markdownSections(raw) };
     else parsed = { text: raw, sections: whole(raw) };
@@ -246,5 +253,5 @@ export async function parseDocument(bytes: Uint8Array, docType: DocType, name: s
   if (parsed.text.trim() === "") {
     throw new FormatError(name, docType === "pdf" ? "has no extractable text (a scanned PDF would need OCR, which is not supported)" : "has no text");
   }
-  return { docType, ...parsed };
+  return { docType, ...parsed, ...(invalidUtf8 > 0 ? { invalidUtf8 } : {}) };
 }
