@@ -259,6 +259,7 @@ async function memoryText(arg: string): Promise<string> {
     if (n > 0) process.stderr.write(`dki: warning: the text argument holds ${n} U+FFFD replacement character${n === 1 ? "" : "s"} (bytes that were not UTF-8?); stored as given\n`);
     return arg;
   }
+  if (process.stdin.isTTY) process.stderr.write("dki: reading the memory's text from the terminal; end it with Ctrl-D\n");
   const chunks: Buffer[] = [];
   for await (const c of process.stdin) chunks.push(c as Buffer);
   const { text, replaced } = decodeUtf8(Buffer.concat(chunks));
