@@ -53,9 +53,9 @@ interface CommonFlags {
   embedder?: string;
 }
 
-/** Opens the knowledge base for `fn`; `writes`: the command may create it (ingest), else it must exist. */
-async function withKb<T>(flags: CommonFlags, writes: boolean, fn: (kb: KnowledgeBase) => Promise<T>): Promise<T> {
-  const kb = await openKnowledgeBase(flags.data, { tokenizer: flags.tokenizer, embedder: await embedderOption(flags.embedder), mustExist: !writes });
+/** Opens the knowledge base for `fn`; only ingest may create it. */
+async function withKb<T>(flags: CommonFlags, mode: "may create" | "must exist", fn: (kb: KnowledgeBase) => Promise<T>): Promise<T> {
+  const kb = await openKnowledgeBase(flags.data, { tokenizer: flags.tokenizer, embedder: await embedderOption(flags.embedder), mustExist: mode === "must exist" });
   try {
     return await fn(kb);
   } finally {
@@ -109,7 +109,7 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
   };
   for (const s of skipped) progress(`skipped ${s.path}: ${s.reason}`);
   if (files.length === 0) throw new Error(`no files to ingest in ${paths.join(", ")} (supported: ${SUPPORTED_HELP})`);
-  await withKb(flags, true, async (kb) => {
+  await withKb(flags, "may create", async (kb) => {
     const results = [];
     let failed = 0;
     for (const [i, p] of files.entries()) {
@@ -134,7 +134,7 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
 
 async function search(query: string, flags: CommonFlags & { collection: string; filter?: string; limit: number; minScore?: number; mode: KbSearchMode; format: "text" | "json" }): Promise<void> {
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
-  await withKb(flags, false, async (kb) => {
+  await withKb(flags, "must exist", async (kb) => {
     const results = await kb.search(query, { collection: flags.collection, limit: flags.limit, filter, minScore: flags.minScore, mode: flags.mode });
     if (flags.format === "json") {
       process.stdout.write(JSON.stringify(snakeKeys({ query, results: results.map((r) => ({ score: r.score, signals: r.signals, source: r.source, text: r.chunk.text })) })) + "\n");
@@ -149,7 +149,7 @@ async function search(query: string, flags: CommonFlags & { collection: string; 
 }
 
 async function list(flags: CommonFlags & { collection?: string; format: "text" | "json" }): Promise<void> {
-  await withKb(flags, false, async (kb) => {
+  await withKb(flags, "must exist", async (kb) => {
     if (flags.collection === undefined) {
       const cols = kb.listCollections();
       if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collections: cols })) + "\n");
@@ -163,7 +163,7 @@ async function list(flags: CommonFlags & { collection?: string; format: "text" |
 }
 
 async function rm(docId: string, flags: CommonFlags & { collection: string }): Promise<void> {
-  await withKb(flags, false, async (kb) => {
+  await withKb(flags, "must exist", async (kb) => {
     if (!(await kb.removeDocument(flags.collection, docId))) throw new Error(`no document ${JSON.stringify(docId)} in collection ${JSON.stringify(flags.collection)}`);
     process.stdout.write(`removed ${docId}\n`);
   });

@@ -1,4 +1,4 @@
-// `dki memory`, `dki pref` and `dki user erase`: the memory store from the command line. Every
+// `dki memory`, `dki pref`, `dki user` and `dki stats`: the memory store from the command line. Every
 // command opens the store in --data, does one thing and closes it. Output is text, or JSON with
 // snake_case keys (--format json); a memory's metadata is printed as it was stored. Index
 // rebuilds and re-embedding are reported on stderr, never silently.
@@ -28,11 +28,11 @@ interface StoreFlags {
 
 /**
  * Opens the store; a re-embedding shows a progress bar on a terminal, and every index rebuild a
- * line on stderr. `writes`: the command may create the store (memory add, import, pref add);
- * every other one refuses a folder without a store, so a mistyped --data creates nothing.
+ * line on stderr. Only the commands that add (memory add, import, pref add) may create the store;
+ * every other one refuses a folder without one, so a mistyped --data creates nothing.
  */
-async function withStore<T>(flags: StoreFlags, writes: boolean, fn: (store: MemoryStore) => Promise<T>): Promise<T> {
-  if (!writes) checkStoreExists(flags.data);
+async function withStore<T>(flags: StoreFlags, mode: "may create" | "must exist", fn: (store: MemoryStore) => Promise<T>): Promise<T> {
+  if (mode === "must exist") checkStoreExists(flags.data);
   const embedder = await embedderOption(flags.embedder);
   const bar = stderrBar("re-embedding [{bar}] {value}/{total} memories");
   let started = false;
@@ -112,7 +112,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--session <id>", "session the memory belongs to")
     .option("--metadata <json>", "a JSON object stored with the memory")
     .action((arg: string, f: StoreFlags & { user: string; session?: string; metadata?: string; format: OutputFormat }) =>
-      withStore(f, true, async (s) => {
+      withStore(f, "may create", async (s) => {
         const metadata = f.metadata === undefined ? undefined : (jsonOption("--metadata", f.metadata) as Metadata);
         const text = await memoryText(arg);
         const [m] = await s.memories.add(text, { userId: f.user, sessionId: f.session, metadata });
@@ -123,7 +123,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--session <id>", "only this session's")
     .option("--filter <json>", 'metadata filter: {"eq": {...}}, {"in": {...}}, {"and": [...]}, {"or": [...]}')
     .action((f: StoreFlags & { user: string; session?: string; filter?: string; format: OutputFormat }) =>
-      withStore(f, false, async (s) => {
+      withStore(f, "must exist", async (s) => {
         const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
         const all = await s.memories.getAll({ userId: f.user, sessionId: f.session, filter });
         print(f.format, { memories: all.map(memoryJson) }, all.length === 0 ? "(no memories)" : all.map((m) => `${m.id}\t${oneLine(m.text)}`).join("\n"));
@@ -136,7 +136,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--min-score <x>", "leave out results with a lower fused score", numberOption("--min-score", { min: 0, max: 1 }))
     .option("--fusion <method>", "rrf or weighted", choiceOption("--fusion", ["rrf", "weighted"] as const), "rrf")
     .action((query: string, f: StoreFlags & { user: string; session?: string; filter?: string; limit: number; minScore?: number; fusion: "rrf" | "weighted"; format: OutputFormat }) =>
-      withStore(f, false, async (s) => {
+      withStore(f, "must exist", async (s) => {
         const filter = f.filter === undefined ? undefined : (jsonOption("--filter", f.filter) as Filter);
         const results = await s.memories.search(query, { userId: f.user, sessionId: f.session, filter, limit: f.limit, minScore: f.minScore, fusion: { method: f.fusion } });
         print(
@@ -148,20 +148,20 @@ export function registerMemoryCommands(program: Command): void {
       }),
     );
   output(scoped(memory.command("get <id>").description("one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, false, async (s) => {
+    withStore(f, "must exist", async (s) => {
       const m = await s.memories.get(id, { userId: f.user });
       if (m === undefined) throw new Error(`memory ${JSON.stringify(id)} not found for user ${JSON.stringify(f.user)}`);
       print(f.format, memoryJson(m), `${m.id}${m.sessionId === undefined ? "" : ` (session ${m.sessionId})`}\n${m.text}\nmetadata ${JSON.stringify(m.metadata)}`);
     }),
   );
   output(scoped(memory.command("rm <id>").description("delete one memory"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, false, async (s) => {
+    withStore(f, "must exist", async (s) => {
       await s.memories.delete(id, { userId: f.user });
       print(f.format, { removed: id }, `removed ${id}`);
     }),
   );
   output(scoped(memory.command("history <id>").description("a memory's audit trail: added, updated, deleted"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, false, async (s) => {
+    withStore(f, "must exist", async (s) => {
       const h = await s.memories.history(id, { userId: f.user });
       print(
         f.format,
@@ -173,7 +173,7 @@ export function registerMemoryCommands(program: Command): void {
   store(memory.command("import <file>").description("import a LoCoMo or LongMemEval file: one user per conversation, one memory per turn; prints a JSON summary"))
     .option("--format <format>", "the file's format: locomo, longmemeval or auto", choiceOption("--format", ["locomo", "longmemeval", "auto"] as const), "auto")
     .action((file: string, f: StoreFlags & { format: ImportFormat }) =>
-      withStore(f, true, async (s) => {
+      withStore(f, "may create", async (s) => {
         const bar = stderrBar("importing [{bar}] {value}/{total} conversations");
         const r = await s.importConversations(file, {
           format: f.format,
@@ -191,7 +191,7 @@ export function registerMemoryCommands(program: Command): void {
     .option("--priority <n>", "higher comes first (default 0)", intOption("--priority", -1_000_000, 1_000_000), 0)
     .option("--category <c>", "category")
     .action((text: string, f: StoreFlags & { user: string; type: string; priority: number; category?: string; format: OutputFormat }) =>
-      withStore(f, true, async (s) => {
+      withStore(f, "may create", async (s) => {
         const p = await s.preferences.add(text, { userId: f.user, type: f.type, priority: f.priority, category: f.category });
         print(f.format, preferenceJson(p), `added ${p.id}`);
       }),
@@ -199,13 +199,13 @@ export function registerMemoryCommands(program: Command): void {
   output(scoped(pref.command("list").description("a user's preferences, highest priority first")))
     .option("--all", "include inactive ones")
     .action((f: StoreFlags & { user: string; all?: boolean; format: OutputFormat }) =>
-      withStore(f, false, async (s) => {
+      withStore(f, "must exist", async (s) => {
         const list = await s.preferences.list({ userId: f.user, includeInactive: f.all === true });
         print(f.format, { preferences: list.map(preferenceJson) }, list.length === 0 ? "(no preferences)" : list.map((p) => `${p.id}\t${p.priority}\t${p.type}\t${oneLine(p.text)}${p.active ? "" : "\t(inactive)"}`).join("\n"));
       }),
     );
   output(scoped(pref.command("rm <id>").description("delete a preference"))).action((id: string, f: StoreFlags & { user: string; format: OutputFormat }) =>
-    withStore(f, false, async (s) => {
+    withStore(f, "must exist", async (s) => {
       await s.preferences.delete(id, { userId: f.user });
       print(f.format, { removed: id }, `removed ${id}`);
     }),
@@ -213,7 +213,7 @@ export function registerMemoryCommands(program: Command): void {
 
   const user = program.command("user").description("users: list, erase");
   output(store(user.command("list").description("the users with any record, sorted"))).action((f: StoreFlags & { format: OutputFormat }) =>
-    withStore(f, false, async (s) => {
+    withStore(f, "must exist", async (s) => {
       const users = s.listUsers();
       print(f.format, { users }, users.length === 0 ? "(no users)" : users.join("\n"));
     }),
@@ -229,7 +229,7 @@ export function registerMemoryCommands(program: Command): void {
     if (!(await confirmed(`erase every record of user ${JSON.stringify(userId)} in ${f.data}${folder === undefined ? "" : ` and its K/V in ${folder}`}? This cannot be undone. [y/N] `, f.yes === true))) {
       throw new Error("not confirmed: nothing erased");
     }
-    await withStore(f, false, async (s) => {
+    await withStore(f, "must exist", async (s) => {
       const cache = folder === undefined ? undefined : await TieredKVCache.open({ model: ERASE_ONLY_MODEL, dir: folder, budgets: { l1Bytes: 0, l2Bytes: 0, l3Bytes: Number.MAX_SAFE_INTEGER } });
       try {
         const r = await s.eraseUser(userId, { cache });
@@ -302,7 +302,7 @@ const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 async function storeStats(f: StoreFlags & { cache?: string; format: OutputFormat }): Promise<void> {
   checkStoreExists(f.data);
   const folder = await cacheFolder(f.data, f.cache);
-  await withStore(f, false, async (s) => {
+  await withStore(f, "must exist", async (s) => {
     const st = s.stats();
     const kbDir = knowledgeBaseDir(f.data);
     const l3 = folder === undefined ? null : (await readL3Folder(folder)).entries;
