@@ -274,29 +274,34 @@ const SMALL_TALK_REPLIES: Record<SynthLanguage, readonly string[]> = {
 
 // Made-up words: syllables that spell no common word, so a model cannot know the value beforehand.
 const SYLLABLES_EN = ["ka", "lo", "mi", "zu", "ber", "tan", "vel", "qui", "dro", "nex", "sa", "rim", "fo", "gal", "tre", "pu", "xen", "dal", "mor", "wi", "jas", "cor", "ul", "bri"];
+// Firms, cars and schools take other syllables, so that no made-up name or place is a firm's first word.
+const SYLLABLES_ORG = ["zor", "vex", "quan", "trel", "bax", "nor", "kest", "ryn", "lum", "gor", "fen", "dax", "pim", "sol", "var", "hek"];
 const ORG_SUFFIX = ["Labs", "Systems", "Works", "Group", "Studio", "Motors", "Foods", "Tech"];
-const HANZI = "岚峤璟翎珂琰芮蔚黛筠瑶霁澜沐昀晗湘蓁菁苒泠萱棠槿枫柯桐楠榆".split("");
+const HANZI = "岚峤璟翎珂琰芮蔚黛筠瑶霁澜沐昀晗湘蓁菁苒泠棠槿枫柯桐楠榆".split("");
+// Names take other characters, so that no name is inside a made-up place, firm or thing.
+const HANZI_NAME = "嘉怡欣雨思涵梓萱轩浩宇俊杰婉婷琪雅诗睿瑾彤妍昊翔博文瀚宸泽铭悦彦钰骏皓晟朗熙逸".split("");
 const HANZI_THING = "酥糕饼羹卷丸粿酪茗饮露霜晶纹锦绫绮".split("");
 
-function madeUpWord(r: Rand): string {
-  const n = int(r, 2, 3);
+function madeUpWord(r: Rand, syllables: readonly string[]): string {
+  const n = r() < 0.3 ? 2 : 3;
   let w = "";
-  for (let i = 0; i < n; i++) w += pick(r, SYLLABLES_EN);
+  for (let i = 0; i < n; i++) w += pick(r, syllables);
   return w;
 }
 const capital = (w: string) => w[0]!.toUpperCase() + w.slice(1);
 
 function madeUp(r: Rand, shape: Shape, lang: SynthLanguage): string {
   if (lang === "zh") {
-    const a = pick(r, HANZI);
-    const b = pick(r, HANZI);
+    const chars = shape === "name" ? HANZI_NAME : HANZI;
+    const a = pick(r, chars);
+    const b = pick(r, chars);
     if (shape === "place") return `${a}${b}${pick(r, ["市", "镇", "城"])}`;
     if (shape === "org") return `${a}${b}${pick(r, ["科技", "集团", "公司", "工坊"])}`;
     if (shape === "thing") return `${a}${b}${pick(r, HANZI_THING)}`;
     return `${a}${b}`;
   }
-  const w = madeUpWord(r);
-  if (shape === "org") return `${capital(w)} ${pick(r, ORG_SUFFIX)}`;
+  if (shape === "org") return `${capital(madeUpWord(r, SYLLABLES_ORG))} ${pick(r, ORG_SUFFIX)}`;
+  const w = madeUpWord(r, SYLLABLES_EN);
   if (shape === "thing") return w;
   return capital(w);
 }
@@ -309,7 +314,7 @@ function dates(lang: SynthLanguage): string[] {
   return out;
 }
 
-const MADE_UP_PER_ATTRIBUTE = 400;
+const MADE_UP_PER_ATTRIBUTE = 600;
 const VOCABULARY_SEED = 0x5eed;
 
 type Vocabulary = Record<SynthLanguage, Record<string, Record<SynthSplit, string[]>>>;
@@ -317,18 +322,23 @@ let builtIn: Vocabulary | null = null;
 
 /**
  * The built-in vocabularies, fixed whatever the set's seed: per language and attribute, the real
- * values and made-up ones, deduplicated, then split alternately into train and held-out halves.
+ * values and made-up ones, deduplicated across all attributes, then split alternately into train
+ * and held-out halves.
  */
 export function vocabulary(): Vocabulary {
   if (builtIn) return builtIn;
   const r = prng(VOCABULARY_SEED);
   const v = { en: {}, zh: {} } as Vocabulary;
   for (const lang of ["en", "zh"] as const) {
+    // A value belongs to one attribute only ("Nokia" an employer, not also a phone): a word then
+    // means one thing, and a value is in one half whatever the attribute.
+    const used = new Set<string>();
     for (const name of ATTRIBUTE_NAMES) {
       const a = ATTRIBUTES[name]!;
       const all = a.shape === "date" ? dates(lang) : [...(lang === "en" ? a.realEn : a.realZh)];
       if (a.shape !== "date") for (let i = 0; i < MADE_UP_PER_ATTRIBUTE; i++) all.push(madeUp(r, a.shape, lang));
-      const unique = [...new Set(all)];
+      const unique = [...new Set(all)].filter((x) => !used.has(x));
+      for (const x of unique) used.add(x);
       v[lang][name] = { train: unique.filter((_, i) => i % 2 === 0), heldout: unique.filter((_, i) => i % 2 === 1) };
     }
   }
