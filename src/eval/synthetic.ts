@@ -292,13 +292,13 @@ const capital = (w: string) => w[0]!.toUpperCase() + w.slice(1);
 
 function madeUp(r: Rand, shape: Shape, lang: SynthLanguage): string {
   if (lang === "zh") {
+    // Three characters (two before a thing's last one), so no value is inside another's.
     const chars = shape === "name" ? HANZI_NAME : HANZI;
-    const a = pick(r, chars);
-    const b = pick(r, chars);
-    if (shape === "place") return `${a}${b}${pick(r, ["市", "镇", "城"])}`;
-    if (shape === "org") return `${a}${b}${pick(r, ["科技", "集团", "公司", "工坊"])}`;
-    if (shape === "thing") return `${a}${b}${pick(r, HANZI_THING)}`;
-    return `${a}${b}`;
+    const w = pick(r, chars) + pick(r, chars) + (shape === "thing" ? "" : pick(r, chars));
+    if (shape === "place") return `${w}${pick(r, ["市", "镇", "城"])}`;
+    if (shape === "org") return `${w}${pick(r, ["科技", "集团", "公司", "工坊"])}`;
+    if (shape === "thing") return `${w}${pick(r, HANZI_THING)}`;
+    return w;
   }
   if (shape === "org") return `${capital(madeUpWord(r, SYLLABLES_ORG))} ${pick(r, ORG_SUFFIX)}`;
   const w = madeUpWord(r, SYLLABLES_EN);
@@ -314,7 +314,10 @@ function dates(lang: SynthLanguage): string[] {
   return out;
 }
 
-const MADE_UP_PER_ATTRIBUTE = 600;
+// Thousands of made-up values an attribute: too many to learn by heart, so a model trained on the
+// train half learns to copy a value from its memory (and a tokenizer trained on it learns pieces of
+// words, not whole values, so held-out values split into pieces the same way).
+const MADE_UP_PER_ATTRIBUTE = 3000;
 const VOCABULARY_SEED = 0x5eed;
 
 type Vocabulary = Record<SynthLanguage, Record<string, Record<SynthSplit, string[]>>>;
