@@ -79,7 +79,10 @@ const matchers = Object.entries(ATTRIBUTES).flatMap(([name, attr]) =>
 const attributeOf = (text) => matchers.find((m) => m.re.test(text))?.name ?? null;
 
 const none = async (question) => (await renderPrompt(tok, { query: question, systemPrompt: ANSWER_INSTRUCTION, language: detectLanguage(question) }, true)).tokens;
-const answerIds = (answer) => [...tok.encode(answer, { addSpecialTokens: false }), eot];
+// A value that begins with a Latin letter or digit is answered after a space: its tokens are then
+// those it has inside the memory's sentence ("… in Dalbrimi" → "ĠDal", "brimi"), so the answer is a
+// copy of them. The harness trims the answer.
+const answerIds = (answer) => [...tok.encode(/^[A-Za-z0-9]/.test(answer) ? ` ${answer}` : answer, { addSpecialTokens: false }), eot];
 
 /** What a top-k retriever could return: the evidence (if any), the same attribute's other turns first, then any turns. */
 function retrieve(r, turns, q, k) {
