@@ -1,0 +1,457 @@
+"""Trains the memory-QA models models/memory-qa-plain and models/memory-qa-block-aware.
+
+A small Llama (hidden 256, GQA, tied embeddings) with its own byte-level BPE of 4096 tokens
+(English and Chinese) learns to answer questions about a user from memories it is given: the
+synthetic set of src/eval/synthetic.ts, every prompt rendered by the project's own TypeScript
+(export.mjs), so the models see exactly what `dki eval memory` gives them.
+
+  plain        memories as prompt text: `full` (the whole conversation), `rag` (top-k memories in
+               the system message), `none` (the question alone: "not mentioned")
+  block-aware  the plain model fine-tuned (as KVLink does) on the same mix plus `dki` examples:
+               each memory its own block behind the encoding prefix [BOS], attended at negative
+               positions exactly as DKISystem injects it (see `layout` and `attention_mask`)
+
+Run from the repository root after `npx tsc -p tsconfig.json`:
+
+    /tmp/hfenv/bin/python models/memory-qa/train.py [--minutes-plain 22] [--minutes-block 18] [--device cpu|cuda]
+
+Fixed seed; the loss is on the answer tokens only. Every --eval-every steps it logs the loss and
+the held-out exact match (greedy, in PyTorch) per mode to models/memory-qa/logs/<variant>.jsonl.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VOCAB = 4096
+SPECIAL = ["<|bos|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+BOS, EOT, PAD = 0, 2, 3
+# ChatML with a BOS first: the prompt has its own first token at position 0 whether or not memories
+# sit before it. add_generation_prompt opens the assistant turn; <|im_end|> (EOS) closes the answer.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Sized by this machine: 2 cores shared with other work (load average ~10 while it trained).
+SHAPE = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
+MAX_TOKENS = 600  # the longest example kept (full-context ones have up to ~590 tokens)
+
+
+# ----- tokenizer ---------------------------------------------------------------------------------
+
+def train_tokenizer(corpus: Path) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    # SmolLM2's pre-tokenizer (digits one by one, then GPT-2's split), as the project's other trained models.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([str(corpus)], trainer)
+    return tok
+
+
+def write_tokenizer(tok: Tokenizer, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": SPECIAL[BOS], "eos_token": SPECIAL[EOT], "pad_token": SPECIAL[PAD], "model_max_length": SHAPE["max_position_embeddings"],
+        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE,
+    }, indent=2, ensure_ascii=False) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": EOT, "pad_token_id": PAD, "do_sample": False}, indent=2) + "\n")
+
+
+# ----- the model: Llama, written out so masks and positions are ours; saved under HF's names -----
+
+class Llama(torch.nn.Module):
+    def __init__(self, s: dict):
+        super().__init__()
+        self.s = s
+        h, hd = s["hidden_size"], s["head_dim"]
+        nq, nkv = s["num_attention_heads"], s["num_key_value_heads"]
+        self.embed = torch.nn.Embedding(s["vocab_size"], h)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(s["num_hidden_layers"]):
+            L = torch.nn.Module()
+            L.ln1 = torch.nn.Parameter(torch.ones(h))
+            L.ln2 = torch.nn.Parameter(torch.ones(h))
+            L.q = torch.nn.Linear(h, nq * hd, bias=False)
+            L.k = torch.nn.Linear(h, nkv * hd, bias=False)
+            L.v = torch.nn.Linear(h, nkv * hd, bias=False)
+            L.o = torch.nn.Linear(nq * hd, h, bias=False)
+            L.gate = torch.nn.Linear(h, s["intermediate_size"], bias=False)
+            L.up = torch.nn.Linear(h, s["intermediate_size"], bias=False)
+            L.down = torch.nn.Linear(s["intermediate_size"], h, bias=False)
+            self.layers.append(L)
+        self.norm = torch.nn.Parameter(torch.ones(h))
+        inv = 1.0 / (s["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+
+    def rms(self, x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.s["rms_norm_eps"]))
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V], or [N, V] at the positions `at` ([B, T] bool) only (the head costs as much as
+        the layers at this size). ids, pos: [B, T] (positions may be negative: RoPE is computed from
+        them directly); mask: [B, T, T] bool, True = may attend."""
+        s = self.s
+        B, T = ids.shape
+        hd, nq, nkv = s["head_dim"], s["num_attention_heads"], s["num_key_value_heads"]
+        ang = pos.float()[..., None] * self.inv_freq  # [B, T, hd/2]
+        cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]
+        sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+
+        def rope(x):  # HF Llama's rotate_half convention
+            x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+            return x * cos + torch.cat([-x2, x1], -1) * sin
+
+        x = self.embed(ids)
+        m = mask[:, None]
+        for L in self.layers:
+            a = self.rms(x, L.ln1)
+            q = rope(L.q(a).view(B, T, nq, hd).transpose(1, 2))
+            k = rope(L.k(a).view(B, T, nkv, hd).transpose(1, 2))
+            v = L.v(a).view(B, T, nkv, hd).transpose(1, 2)
+            k = k.repeat_interleave(nq // nkv, 1)
+            v = v.repeat_interleave(nq // nkv, 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            x = x + L.o(o.transpose(1, 2).reshape(B, T, nq * hd))
+            a = self.rms(x, L.ln2)
+            x = x + L.down(F.silu(L.gate(a)) * L.up(a))
+        x = self.rms(x, self.norm)
+        return (x if at is None else x[at]) @ self.embed.weight.T
+
+    # HF LlamaForCausalLM names (lm_head tied to the embeddings, so not stored).
+    def hf_state(self) -> dict:
+        out = {"model.embed_tokens.weight": self.embed.weight, "model.norm.weight": self.norm}
+        for i, L in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            out.update({p + "input_layernorm.weight": L.ln1, p + "post_attention_layernorm.weight": L.ln2,
+                        p + "self_attn.q_proj.weight": L.q.weight, p + "self_attn.k_proj.weight": L.k.weight,
+                        p + "self_attn.v_proj.weight": L.v.weight, p + "self_attn.o_proj.weight": L.o.weight,
+                        p + "mlp.gate_proj.weight": L.gate.weight, p + "mlp.up_proj.weight": L.up.weight, p + "mlp.down_proj.weight": L.down.weight})
+        return out
+
+    def load_hf(self, state: dict) -> None:
+        with torch.no_grad():
+            for k, p in self.hf_state().items():
+                p.copy_(state[k].float())
+
+
+def hf_config() -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPE, "hidden_act": "silu", "tie_word_embeddings": True,
+            "bos_token_id": BOS, "eos_token_id": EOT, "pad_token_id": PAD, "attention_bias": False, "mlp_bias": False, "torch_dtype": "float16"}
+
+
+def save_model(model: Llama, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in model.hf_state().items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(), indent=2) + "\n")
+
+
+def load_model(folder: Path) -> Llama:
+    m = Llama(SHAPE)
+    m.load_hf(load_file(str(folder / "model.safetensors")))
+    return m
+
+
+# ----- layout, mask and positions: the one definition of what the model sees ---------------------
+
+def layout(prompt: list, answer: list, blocks: list | None = None, prefix: list | None = None):
+    """Token ids, position ids, block index (−1: prompt/answer) and prefix flag of one example.
+
+    dki: [prefix][mem_1][prefix][mem_2]…[prompt][answer]. Memory blocks lie at negative positions
+    [−M, −1] in the order given (M: all memory tokens); each prefix copy sits right before its
+    block, so positions inside a block relative to its prefix are those of its canonical encoding.
+    The prompt starts at 0, as in the engine with positions "negative".
+    """
+    ids, pos, blk, pre = [], [], [], []
+    if blocks:
+        P = len(prefix)
+        s = -sum(len(b) for b in blocks)
+        for i, b in enumerate(blocks):
+            ids += prefix + b
+            pos += list(range(s - P, s + len(b)))
+            blk += [i] * (P + len(b))
+            pre += [True] * P + [False] * len(b)
+            s += len(b)
+    n = len(prompt) + len(answer)
+    ids += prompt + answer
+    pos += list(range(n))
+    blk += [-1] * n
+    pre += [False] * n
+    return ids, pos, blk, pre
+
+
+def attention_mask(ex: torch.Tensor, blk: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """[T, T] bool for one row (ex: example index per token, −1 padding; a row may hold several). A block token sees
+    its own prefix copy and its block, causally; a prompt or answer token sees every memory token and
+    the prompt causally, never a prefix copy (the engine keeps no prefix K/V). Padding sees itself."""
+    T = ex.shape[0]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    same = (ex[:, None] == ex[None, :]) & (ex[:, None] >= 0)
+    in_block = (blk[:, None] >= 0) & (blk[:, None] == blk[None, :])
+    in_prompt = (blk[:, None] < 0) & ~pre[None, :]
+    return (same & causal & (in_block | in_prompt)) | torch.eye(T, dtype=torch.bool)
+
+
+# ----- data --------------------------------------------------------------------------------------
+
+def read_rows(path: Path) -> list:
+    with open(path, encoding="utf8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def example(row: dict):
+    ids, pos, blk, pre = layout(row["prompt"], row["answer"], row.get("blocks"), row.get("prefix"))
+    # Labels: the next token wherever it is an answer token (the answer is the row's tail).
+    first = len(ids) - len(row["answer"])
+    labels = [-100] * len(ids)
+    for t in range(first - 1, len(ids) - 1):
+        labels[t] = ids[t + 1]
+    return ids, pos, blk, pre, labels
+
+
+def batches(rows: list, tokens: int, rng: random.Random):
+    """Endless batches of about `tokens` tokens (padding included), one example a row: examples of
+    like length batched together (a full-context example is 5x a top-3 one, and attention costs
+    the square of the row), in a fresh order each epoch."""
+    while True:
+        order = rows[:]
+        rng.shuffle(order)
+        out = []
+        for c in range(0, len(order), 2048):
+            group = []
+            for e in sorted(order[c:c + 2048], key=lambda e: len(e[0])):
+                if group and (len(group) + 1) * len(e[0]) > tokens:
+                    out.append(group)
+                    group = []
+                group.append(e)
+            if group:
+                out.append(group)
+        rng.shuffle(out)
+        for group in out:
+            yield collate([[e] for e in group], max(len(e[0]) for e in group))
+
+
+def collate(packs: list, width: int):
+    B = len(packs)
+    ids = torch.full((B, width), PAD, dtype=torch.long)
+    pos = torch.zeros((B, width), dtype=torch.long)
+    labels = torch.full((B, width), -100, dtype=torch.long)
+    masks = torch.zeros((B, width, width), dtype=torch.bool)
+    for b, pack in enumerate(packs):
+        ex = torch.full((width,), -1, dtype=torch.long)
+        blk = torch.full((width,), -1, dtype=torch.long)
+        pre = torch.zeros(width, dtype=torch.bool)
+        at = 0
+        for j, (i_, p_, k_, r_, l_) in enumerate(pack):
+            n = len(i_)
+            ids[b, at:at + n] = torch.tensor(i_)
+            pos[b, at:at + n] = torch.tensor(p_)
+            blk[at:at + n] = torch.tensor(k_)
+            pre[at:at + n] = torch.tensor(r_)
+            labels[b, at:at + n] = torch.tensor(l_)
+            ex[at:at + n] = j
+            at += n
+        masks[b] = attention_mask(ex, blk, pre)
+    return ids, pos, masks, labels
+
+
+# ----- evaluation: greedy answers in PyTorch ----------------------------------------------------
+
+@torch.no_grad()
+def greedy(model: Llama, row: dict, device: str, max_new: int = 16) -> list:
+    """The greedy answer (for checks outside training; exact_match gets the same verdict in one forward)."""
+    out = []
+    for _ in range(max_new):
+        ids, pos, blk, pre = layout(row["prompt"], out, row.get("blocks"), row.get("prefix"))
+        t = lambda x: torch.tensor([x], dtype=torch.long, device=device)
+        mask = attention_mask(torch.zeros(len(ids), dtype=torch.long), torch.tensor(blk), torch.tensor(pre))[None].to(device)
+        nxt = int(model(t(ids), t(pos), mask)[0, -1].argmax())
+        if nxt == EOT:
+            break
+        out.append(nxt)
+    return out
+
+
+@torch.no_grad()
+def exact_match(model: Llama, rows: list, device: str, batch: int = 8) -> dict:
+    """Held-out exact match per mode. Greedy decoding gives the reference answer (EOS included) exactly
+    when the argmax after each of its prefixes is its next token, so one teacher-forced forward decides."""
+    model.eval()
+    examples = [example(r) for r in rows]
+    res = {}
+    for i in range(0, len(examples), batch):
+        chunk = examples[i:i + batch]
+        ids, pos, mask, labels = collate([[e] for e in chunk], max(len(e[0]) for e in chunk))
+        ids, pos, mask, labels = ids.to(device), pos.to(device), mask.to(device), labels.to(device)
+        at = labels >= 0
+        right = (model(ids, pos, mask, at).argmax(-1) == labels[at]).float()
+        # Per row: all of its answer positions right.
+        row_of = torch.arange(len(chunk), device=device)[:, None].expand_as(labels)[at]
+        wrong = torch.zeros(len(chunk), device=device).index_add_(0, row_of, 1 - right)
+        for r, w in zip(rows[i:i + batch], wrong.tolist()):
+            c = res.setdefault(r["mode"], [0, 0])
+            c[0] += w == 0
+            c[1] += 1
+    model.train()
+    return {k: round(h / n, 4) for k, (h, n) in res.items()}
+
+
+def eval_subset(rows: list, per_mode: int, seed: int) -> list:
+    rng = random.Random(seed)
+    out = []
+    for mode in ["none", "full", "rag", "dki"]:
+        ms = [r for r in rows if r["mode"] == mode]
+        rng.shuffle(ms)
+        out += ms[:per_mode]
+    return out
+
+
+def copy_drill(rows: int, gen: torch.Generator):
+    """A batch of the copying drill: [BOS] w w, w a random run of 8–32 tokens, the loss on the second
+    w. Answering from memory is copying a value out of it, and a model that sees only the answers'
+    few tokens is slow to find out how (its loss sat at ~3 for thousands of steps); this drill
+    grows the induction heads that copy, as repeated text does in pretraining."""
+    n = int(torch.randint(8, 33, (1,), generator=gen))
+    w = torch.randint(len(SPECIAL), VOCAB, (rows, n), generator=gen)
+    ids = torch.cat([torch.full((rows, 1), BOS), w, w], 1)
+    T_ = ids.shape[1]
+    labels = torch.full_like(ids, -100)
+    labels[:, n + 1:T_ - 1] = ids[:, n + 2:]
+    pos = torch.arange(T_).expand(rows, T_)
+    mask = torch.ones(T_, T_, dtype=torch.bool).tril().expand(rows, T_, T_)
+    return ids, pos, mask, labels
+
+
+# ----- training ---------------------------------------------------------------------------------
+
+def train(variant: str, rows: list, held: list, init: Path | None, minutes: float, a, log_path: Path) -> dict:
+    torch.manual_seed(a.seed)
+    model = Llama(SHAPE)
+    if init is not None:
+        model.load_hf(load_file(str(init / "model.safetensors")))
+    model.to(a.device).train()
+    examples = [e for e in map(example, rows) if len(e[0]) <= MAX_TOKENS]
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    rng = random.Random(a.seed)
+    drill_gen = torch.Generator().manual_seed(a.seed)
+    t0, step, losses, log = time.time(), 0, [], []
+    budget = minutes * 60
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    logf = open(log_path, "w")
+    eval_rows = eval_subset(held, a.eval_per_mode, a.seed)
+    for ids, pos, mask, labels in batches(examples, a.batch_tokens, rng):
+        elapsed = time.time() - t0
+        if elapsed > budget:
+            break
+        frac = elapsed / budget
+        lr = a.lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, pos, mask, labels = ids.to(a.device), pos.to(a.device), mask.to(a.device), labels.to(a.device)
+        at = labels >= 0
+        answer_loss = F.cross_entropy(model(ids, pos, mask, at), labels[at])
+        loss = answer_loss
+        if a.drill_rows > 0:
+            d_ids, d_pos, d_mask, d_labels = (x.to(a.device) for x in copy_drill(a.drill_rows, drill_gen))
+            d_at = d_labels >= 0
+            loss = loss + a.drill_weight * F.cross_entropy(model(d_ids, d_pos, d_mask, d_at), d_labels[d_at])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(answer_loss.item())  # the answer tokens' loss (the drill's is not logged)
+        step += 1
+        if step % 10 == 0:
+            entry = {"step": step, "seconds": round(time.time() - t0, 1), "loss": round(sum(losses[-10:]) / 10, 4), "lr": lr}
+            if step % a.eval_every == 0:
+                entry["heldout_em"] = exact_match(model, eval_rows, a.device)
+            log.append(entry)
+            logf.write(json.dumps(entry) + "\n")
+            logf.flush()
+            print(variant, json.dumps(entry), flush=True)
+    final_em = exact_match(model, eval_rows, a.device)
+    entry = {"step": step, "seconds": round(time.time() - t0, 1), "loss": round(sum(losses[-25:]) / max(1, min(25, len(losses))), 4), "heldout_em": final_em, "final": True}
+    logf.write(json.dumps(entry) + "\n")
+    logf.close()
+    print(variant, json.dumps(entry), flush=True)
+    model.to("cpu")
+    out = ROOT / "models" / f"memory-qa-{variant}"
+    save_model(model, out)
+    return {"steps": step, "seconds": entry["seconds"], "final_loss": entry["loss"], "heldout_em_final": final_em,
+            "eval_questions_per_mode": a.eval_per_mode, "examples": len(rows), "batch_tokens": a.batch_tokens, "drill_rows": a.drill_rows, "drill_weight": a.drill_weight, "minutes": minutes, "lr": a.lr}
+
+
+def count_modes(rows: list) -> dict:
+    out = {}
+    for r in rows:
+        out[r["mode"]] = out.get(r["mode"], 0) + 1
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--work", default=str(ROOT / "tmp" / "memory-qa"), help="where the data sets and encoded examples go")
+    p.add_argument("--train-conversations", type=int, default=2000)
+    p.add_argument("--heldout-conversations", type=int, default=100)
+    p.add_argument("--minutes-plain", type=float, default=22)
+    p.add_argument("--minutes-block", type=float, default=18)
+    p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per batch, padding included")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-per-mode", type=int, default=40)
+    p.add_argument("--drill-rows", type=int, default=16, help="rows of the copying drill a step (0: none)")
+    p.add_argument("--drill-weight", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=36)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--only", choices=["plain", "block-aware"])
+    p.add_argument("--skip-data", action="store_true", help="reuse the encoded examples in --work")
+    a = p.parse_args()
+    torch.set_num_threads(2)
+    random.seed(a.seed)
+    work = Path(a.work)
+    tokdir = work / "tokenizer"
+    if not a.skip_data:
+        node = lambda *args: subprocess.run(["node", str(HERE / "export.mjs"), *args], check=True, cwd=ROOT)
+        node("sets", "--dir", str(work), "--train", str(a.train_conversations), "--heldout", str(a.heldout_conversations), "--seed", str(a.seed))
+        write_tokenizer(train_tokenizer(work / "corpus.txt"), tokdir)
+        node("encode", "--dir", str(work), "--tokenizer", str(tokdir), "--seed", str(a.seed))
+    rows = read_rows(work / "train.jsonl")
+    held = read_rows(work / "heldout.jsonl")
+    lengths = sorted(len(example(r)[0]) for r in rows)
+    print(f"examples {len(rows)} {count_modes(rows)}; tokens median {lengths[len(lengths) // 2]}, max {lengths[-1]}", flush=True)
+    info = {"seed": a.seed, "shape": SHAPE, "parameters": sum(p.numel() for p in Llama(SHAPE).parameters()),
+            "train_conversations": a.train_conversations, "heldout_conversations": a.heldout_conversations,
+            "train_examples": count_modes(rows), "heldout_examples": count_modes(held), "train_tokens": sum(lengths),
+            "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores (2 threads), {a.device}",
+            "torch": torch.__version__, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    variants = [a.only] if a.only else ["plain", "block-aware"]
+    for v in variants:
+        out = ROOT / "models" / f"memory-qa-{v}"
+        write_tokenizer(Tokenizer.from_file(str(tokdir / "tokenizer.json")), out)
+        if v == "plain":
+            data, init, minutes = [r for r in rows if r["mode"] != "dki"], None, a.minutes_plain
+        else:
+            data, init, minutes = rows, ROOT / "models" / "memory-qa-plain", a.minutes_block
+        res = train(v, data, held, init, minutes, a, HERE / "logs" / f"{v}.jsonl")
+        (out / "training.json").write_text(json.dumps({**info, "variant": v, "initialised_from": "memory-qa-plain" if init else None, **res}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
