@@ -115,6 +115,7 @@ export interface RunSettings {
   contextSize: number | null;
   judge: string | null;
   embedder: string;
+  device: "cpu" | "cuda";
 }
 
 export interface MemoryQAResult {
@@ -154,6 +155,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
     contextSize: o.contextSize ?? null,
     judge: o.judge === undefined ? null : resolve(o.judge),
     embedder: o.embedder?.id ?? "hashing (default)",
+    device: o.device ?? "cpu",
   };
   checkSettings(join(out, "run.json"), settings);
   const resultsFile = join(out, "results.jsonl");
