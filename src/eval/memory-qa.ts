@@ -332,7 +332,7 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
       return answerer(async (q, conversation) => {
         const t0 = performance.now();
         const fit = await fitConversation(ctx.model, conversation.turns, q.question, ctx.maxAnswerTokens);
-        const r = await promptAnswer(ctx.model, fit.query, gen, t0);
+        const r = await promptAnswer(ctx.model, fit.tokens, gen, t0);
         const kept = conversation.turns.slice(fit.dropped).map((t) => String(t.metadata.turnId));
         return row(ctx, q, mode, { ...r, routed: kept, evidenceRecall: recall(q.evidence, kept), memoryIds: [], memoryTokens: fit.conversationTokens, blocks: 0, alpha: null, leftOut: fit.dropped });
       });
@@ -394,9 +394,9 @@ interface Answered {
   turnMs: number;
 }
 
-/** The instruction and `query` through DKISystem's prompt renderer, answered greedily; timed from t0. */
-async function promptAnswer(model: Model, query: string, gen: { maxNewTokens: number; sampling: { temperature: number }; stop: string[] }, t0: number): Promise<Answered> {
-  const prompt = await renderQuery(model, query);
+/** The instruction and `query` (or its prompt, already rendered) through DKISystem's prompt renderer, answered greedily; timed from t0. */
+async function promptAnswer(model: Model, query: string | number[], gen: { maxNewTokens: number; sampling: { temperature: number }; stop: string[] }, t0: number): Promise<Answered> {
+  const prompt = typeof query === "string" ? await renderQuery(model, query) : query;
   let first = 0;
   const r = await model.generate({ tokens: prompt }, { ...gen, onToken: () => (first ||= performance.now()) });
   const end = performance.now();
@@ -425,6 +425,8 @@ export interface FittedConversation {
   dropped: number;
   /** Tokens of the kept conversation text. */
   conversationTokens: number;
+  /** The whole prompt, rendered (the instruction and the query through the chat template). */
+  tokens: number[];
   /** Tokens of the whole prompt. */
   promptTokens: number;
 }
@@ -438,19 +440,29 @@ export async function fitConversation(model: Model, turns: readonly ImportedTurn
   const all = conversationTurns(turns);
   const limit = model.contextSize - answerTokens;
   const query = (from: number) => (from >= all.length ? question : fullContextQuery(renderConversation(all.slice(from)), question));
-  const size = async (from: number) => (await renderQuery(model, query(from))).length;
-  const bare = await size(all.length);
-  if (bare > limit) throw new DkiArgumentError(`the question alone makes a ${bare}-token prompt; the model's window of ${model.contextSize} less ${answerTokens} answer tokens leaves ${limit}`);
-  let lo = 0;
-  let hi = all.length; // size(hi) fits
-  if ((await size(0)) <= limit) hi = 0;
-  while (hi - lo > 1) {
-    const mid = (lo + hi) >> 1;
-    if ((await size(mid)) <= limit) hi = mid;
-    else lo = mid;
+  const rendered = new Map<number, number[]>();
+  const prompt = async (from: number) => {
+    let t = rendered.get(from);
+    if (t === undefined) rendered.set(from, (t = await renderQuery(model, query(from))));
+    return t;
+  };
+  const fits = async (from: number) => (await prompt(from)).length <= limit;
+  let keepFrom = 0;
+  if (!(await fits(0))) {
+    const bare = (await prompt(all.length)).length;
+    if (bare > limit) throw new DkiArgumentError(`the question alone makes a ${bare}-token prompt; the model's window of ${model.contextSize} less ${answerTokens} answer tokens leaves ${limit}`);
+    let lo = 0; // does not fit
+    let hi = all.length; // fits
+    while (hi - lo > 1) {
+      const mid = (lo + hi) >> 1;
+      if (await fits(mid)) hi = mid;
+      else lo = mid;
+    }
+    keepFrom = hi;
   }
-  const text = hi >= all.length ? "" : renderConversation(all.slice(hi));
-  return { query: query(hi), dropped: hi, conversationTokens: text === "" ? 0 : model.tokenizer.encode(text, { addSpecialTokens: false }).length, promptTokens: await size(hi) };
+  const text = keepFrom >= all.length ? "" : renderConversation(all.slice(keepFrom));
+  const tokens = await prompt(keepFrom);
+  return { query: query(keepFrom), tokens, dropped: keepFrom, conversationTokens: text === "" ? 0 : model.tokenizer.encode(text, { addSpecialTokens: false }).length, promptTokens: tokens.length };
 }
 
 function routedFields(q: QAQuestion, routed: SearchResult[]): Pick<QARow, "routed" | "evidenceRecall"> {
