@@ -13,7 +13,7 @@ import { fitConversation, MODES, runMemoryQA, type MemoryQAResult, type QARow } 
 import { reportName, writeMemoryQAReport } from "../src/eval/report.js";
 import { ANSWER_INSTRUCTION } from "../src/eval/instruction.js";
 import { parseConversations } from "../src/memory/import.js";
-import { scoreLocomo, scoreLongMemEval } from "../src/eval/scoring.js";
+import { judgePrompt, judgeVerdict, scoreLocomo, scoreLongMemEval } from "../src/eval/scoring.js";
 import { dki } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
 
@@ -267,6 +267,21 @@ describe("LongMemEval file, every mode; resumable", () => {
     const lines = readFileSync(third.resultsFile, "utf8").trim().split("\n").map((l) => JSON.parse(l) as QARow);
     expect(lines.map(stable)).toEqual(once.rows.map(stable));
   }, 120_000);
+
+  test("--judge: each LongMemEval row carries the judge model's verdict on the paper's per-type question", async () => {
+    const r = await runMemoryQA({ model: modelDir, data: lmeFile, out: tempDir(), modes: ["none"], maxAnswerTokens: 3, judge: modelDir });
+    expect(r.settings.judge).toBe(modelDir);
+    for (const row of r.rows) {
+      const q = LME.find((x) => x.question_id === row.id)!;
+      // The reference: the same judge model asked the same question through the engine's chat path.
+      const prompt = judgePrompt(q.question_type, q.question_id, q.question, q.answer, row.prediction);
+      const reply = await model.generate({ messages: [{ role: "user", content: prompt }] }, { maxNewTokens: 4, sampling: { temperature: 0 }, stop: ["<|im_end|>"] });
+      const want = reply.text.replace(/<\|im_end\|>.*/s, "").trim();
+      expect(want).not.toBe("");
+      expect(row.judgeReply).toBe(want);
+      expect(row.judge).toBe(judgeVerdict(want));
+    }
+  });
 
   test("a rerun with other settings into the same folder is refused", async () => {
     const out = tempDir();

@@ -83,6 +83,8 @@ export interface QARow {
   em: number;
   /** The judge's verdict (1 yes, 0 no, null: no judge or an unreadable reply). */
   judge: number | null;
+  /** The judge's reply as it gave it (null: no judge). */
+  judgeReply: string | null;
   /** Evidence turn ids of the question. */
   evidence: string[];
   /** Turn ids of the memories routed (rag, dki*), or of the turns kept in the prompt (full). */
@@ -142,6 +144,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   if (o.limit !== undefined && !(Number.isInteger(o.limit) && o.limit >= 1)) throw new DkiArgumentError(`limit must be an integer >= 1, got ${o.limit}`);
 
   const data = await loadQADataset(o.data);
+  if (o.judge !== undefined && data.format !== "longmemeval") throw new DkiArgumentError(`--judge asks LongMemEval's per-type questions; ${o.data} is a ${data.format} file (scored by its own rules)`);
   const questions = selectQuestions(data, o);
   const out = resolve(o.out);
   mkdirSync(out, { recursive: true });
@@ -171,7 +174,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   if (todo.length > 0) {
     const load: LoadOptions = { device: o.device ?? "cpu", ...(o.threads === undefined ? {} : { threads: o.threads }), ...(o.contextSize === undefined ? {} : { contextSize: o.contextSize }) };
     const model = await Model.load(o.model, load);
-    const judge = o.judge !== undefined && data.format === "longmemeval" ? await Model.load(o.judge, { device: load.device, threads: load.threads }) : null;
+    const judge = o.judge !== undefined ? await Model.load(o.judge, { device: load.device, threads: load.threads }) : null;
     try {
       // One throwaway answer first: the first call of a process pays for the threads and caches
       // warming up, which would otherwise land in one question's TTFT.
@@ -185,7 +188,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
         try {
           for (const { q } of mine) {
             const row = await answerer(q, byUser.get(q.userId)!);
-            if (judge !== null) row.judge = await judgeRow(judge, q, row.prediction);
+            if (judge !== null) Object.assign(row, await judgeRow(judge, q, row.prediction));
             appendFileSync(resultsFile, JSON.stringify(row) + "\n");
             have.set(key(q.id, mode), row);
             answered++;
@@ -501,6 +504,7 @@ function row(ctx: RunContext, q: QAQuestion, mode: Mode, r: Answered & Pick<QARo
     f1: s.f1,
     em: s.em,
     judge: null,
+    judgeReply: null,
     evidence: q.evidence,
     routed: r.routed,
     evidenceRecall: r.evidenceRecall,
@@ -516,9 +520,10 @@ function row(ctx: RunContext, q: QAQuestion, mode: Mode, r: Answered & Pick<QARo
 }
 
 /** The judge's yes/no on a LongMemEval answer (greedy, a few tokens). */
-async function judgeRow(judge: Model, q: QAQuestion, prediction: string): Promise<number | null> {
+async function judgeRow(judge: Model, q: QAQuestion, prediction: string): Promise<Pick<QARow, "judge" | "judgeReply">> {
   const prompt = judgePrompt(q.questionType ?? "", q.id, q.question, q.answer, prediction);
   const tokens = (await renderPrompt(judge.tokenizer, { query: prompt, language: "en" }, judge.tokenizer.chatTemplate !== null)).tokens;
   const r = await judge.generate({ tokens }, { maxNewTokens: 4, sampling: { temperature: 0 }, stop: END_OF_TURN });
-  return judgeVerdict(cleanAnswer(r.text));
+  const reply = cleanAnswer(r.text);
+  return { judge: judgeVerdict(reply), judgeReply: reply };
 }
