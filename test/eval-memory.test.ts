@@ -287,6 +287,14 @@ describe("LongMemEval file, every mode; resumable", () => {
     const out = tempDir();
     await runMemoryQA({ model: modelDir, data: lmeFile, out, modes: ["none"], maxAnswerTokens: 2, limit: 1 });
     await expect(runMemoryQA({ model: modelDir, data: lmeFile, out, modes: ["none"], maxAnswerTokens: 3, limit: 1 })).rejects.toThrow(/run\.json holds a run with other settings \(maxAnswerTokens: 2 then, 3 now\)/);
+    // A run that fails before its first row (a wrong model path) does not pin the folder's settings.
+    const fresh = tempDir();
+    await expect(runMemoryQA({ model: join(fresh, "no-model"), data: lmeFile, out: fresh, modes: ["none"], limit: 1 })).rejects.toThrow(/no-model/);
+    expect((await runMemoryQA({ model: modelDir, data: lmeFile, out: fresh, modes: ["none"], maxAnswerTokens: 1, limit: 1 })).answered).toBe(1);
+    // A file without questions is refused, not reported empty.
+    const noQa = join(fresh, "no-qa.json");
+    writeFileSync(noQa, JSON.stringify([{ sample_id: "x", conversation: LOCOMO[0].conversation }]));
+    await expect(runMemoryQA({ model: modelDir, data: noQa, out: tempDir() })).rejects.toThrow(/the file has no questions/);
   });
 });
 

@@ -160,7 +160,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
     embedder: o.embedder?.id ?? "hashing (default)",
     device: o.device ?? "cpu",
   };
-  checkSettings(join(out, "run.json"), settings);
+  const saveSettings = checkSettings(join(out, "run.json"), settings);
   const resultsFile = join(out, "results.jsonl");
   const done = readRows(resultsFile);
   const key = (id: string, mode: Mode) => `${id}\u0000${mode}`;
@@ -168,14 +168,16 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
 
   const todo = modes.flatMap((mode) => questions.filter((q) => !have.has(key(q.id, mode))).map((q) => ({ q, mode })));
   const storeDir = join(out, "store");
-  await importNeeded(storeDir, o.data, new Set(questions.map((q) => q.userId)), o.embedder);
 
   let answered = 0;
   if (todo.length > 0) {
     const load: LoadOptions = { device: o.device ?? "cpu", ...(o.threads === undefined ? {} : { threads: o.threads }), ...(o.contextSize === undefined ? {} : { contextSize: o.contextSize }) };
     const model = await Model.load(o.model, load);
-    const judge = o.judge !== undefined ? await Model.load(o.judge, { device: load.device, threads: load.threads }) : null;
+    let judge: Model | null = null;
     try {
+      judge = o.judge !== undefined ? await Model.load(o.judge, { device: load.device, threads: load.threads }) : null;
+      // After the models load, so a bad model path or device fails before anything is imported.
+      await importNeeded(storeDir, o.data, new Set(questions.map((q) => q.userId)), o.embedder);
       // One throwaway answer first: the first call of a process pays for the threads and caches
       // warming up, which would otherwise land in one question's TTFT.
       await model.generate({ tokens: await renderQuery(model, "Hello?") }, { maxNewTokens: 2 });
@@ -188,6 +190,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
         try {
           for (const { q } of mine) {
             const row = await answerer(q, byUser.get(q.userId)!);
+            if (answered === 0) saveSettings();
             if (judge !== null) Object.assign(row, await judgeRow(judge, q, row.prediction));
             appendFileSync(resultsFile, JSON.stringify(row) + "\n");
             have.set(key(q.id, mode), row);
@@ -207,6 +210,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   const order = new Map(questions.map((q, i) => [q.id, i]));
   const modeOrder = (m: Mode) => (modes.includes(m) ? modes.indexOf(m) : modes.length + MODES.indexOf(m));
   const rows = [...have.values()].sort((a, b) => (order.get(a.id) ?? Infinity) - (order.get(b.id) ?? Infinity) || modeOrder(a.mode) - modeOrder(b.mode));
+  if (rows.length > 0) saveSettings();
   const tmp = `${resultsFile}.tmp`;
   writeFileSync(tmp, rows.map((r) => JSON.stringify(r) + "\n").join(""));
   renameSync(tmp, resultsFile);
@@ -223,6 +227,7 @@ export function selectQuestions(data: QADataset, o: Pick<MemoryQAOptions, "conve
     const wanted = new Set(o.conversations);
     qs = qs.filter((q) => wanted.has(q.userId));
   }
+  if (qs.length === 0) throw new DkiArgumentError(o.conversations === undefined ? "the file has no questions (LoCoMo: qa lists)" : "the conversations chosen have no questions");
   if (o.seed !== undefined) qs = shuffled(qs, o.seed);
   return o.limit === undefined ? qs : qs.slice(0, o.limit);
 }
@@ -245,19 +250,20 @@ function shuffled<T>(items: readonly T[], seed: number): T[] {
   return a;
 }
 
-/** run.json: written by the first run; a rerun with other settings is refused (its rows would not compare). */
-function checkSettings(file: string, s: RunSettings): void {
-  if (!existsSync(file)) {
-    writeFileSync(file, JSON.stringify(s, null, 2) + "\n");
-    return;
+/**
+ * run.json: the settings the folder's rows were made with. A rerun with other settings is refused
+ * (its rows would not compare); modes may be added. Returns the write, done once rows exist, so a
+ * run that fails before its first row (a wrong model path) leaves nothing to be refused later.
+ */
+function checkSettings(file: string, s: RunSettings): () => void {
+  const before = existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as Partial<RunSettings>) : null;
+  if (before !== null) {
+    const differ = (Object.keys(s) as (keyof RunSettings)[]).filter((k) => k !== "modes" && JSON.stringify(before[k]) !== JSON.stringify(s[k]));
+    if (differ.length > 0) {
+      throw new DkiArgumentError(`${file} holds a run with other settings (${differ.map((k) => `${k}: ${JSON.stringify(before[k])} then, ${JSON.stringify(s[k])} now`).join("; ")}); use another --out folder`);
+    }
   }
-  const before = JSON.parse(readFileSync(file, "utf8")) as Partial<RunSettings>;
-  // Modes may be added to a folder; everything else must match.
-  const differ = (Object.keys(s) as (keyof RunSettings)[]).filter((k) => k !== "modes" && JSON.stringify(before[k]) !== JSON.stringify(s[k]));
-  if (differ.length > 0) {
-    throw new DkiArgumentError(`${file} holds a run with other settings (${differ.map((k) => `${k}: ${JSON.stringify(before[k])} then, ${JSON.stringify(s[k])} now`).join("; ")}); use another --out folder`);
-  }
-  writeFileSync(file, JSON.stringify({ ...s, modes: [...new Set([...(before.modes ?? []), ...s.modes])] }, null, 2) + "\n");
+  return () => writeFileSync(file, JSON.stringify({ ...s, modes: [...new Set([...(before?.modes ?? []), ...s.modes])] }, null, 2) + "\n");
 }
 
 /** The rows already written; a last line cut short by a killed run is dropped (its row is answered again). */
