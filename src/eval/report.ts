@@ -128,8 +128,8 @@ export async function writeMemoryQAReport(result: MemoryQAResult, base: string):
 
   const plots: PlotFiles[] = [];
   try {
-    plots.push(await renderVegaLite(categoryPlot(categories, label, title), `${base}-by-category`));
-    plots.push(await renderVegaLite(ttftPlot(summary, title), `${base}-ttft`));
+    plots.push(await renderVegaLite(categoryPlot(categories, modes, label, title), `${base}-by-category`));
+    plots.push(await renderVegaLite(ttftPlot(summary, modes, title), `${base}-ttft`));
   } catch (e) {
     notes.push(`Plots not drawn: ${(e as Error).message}`);
   }
@@ -190,7 +190,7 @@ function markdown(r: MemoryQAReport, label: (c: string) => string): string {
   ].join("\n");
 }
 
-function categoryPlot(categories: CategorySummary[], label: (c: string) => string, title: string): Record<string, unknown> {
+function categoryPlot(categories: CategorySummary[], modes: readonly Mode[], label: (c: string) => string, title: string): Record<string, unknown> {
   return {
     $schema: "https://vega.github.io/schema/vega-lite/v6.json",
     title: `${title}: F1 by mode and category`,
@@ -201,15 +201,15 @@ function categoryPlot(categories: CategorySummary[], label: (c: string) => strin
     mark: { type: "bar" },
     encoding: {
       x: { field: "category", type: "nominal", title: null, axis: { labelAngle: 0, labelLimit: 160 } },
-      xOffset: { field: "mode", type: "nominal" },
+      xOffset: { field: "mode", type: "nominal", sort: modes },
       y: { field: "f1", type: "quantitative", title: "F1 (%)", scale: { domain: [0, 100] } },
-      color: { field: "mode", type: "nominal", title: "mode" },
+      color: { field: "mode", type: "nominal", title: "mode", sort: modes },
       tooltip: [{ field: "category" }, { field: "mode" }, { field: "f1" }, { field: "n" }],
     },
   };
 }
 
-function ttftPlot(summary: ModeSummary[], title: string): Record<string, unknown> {
+function ttftPlot(summary: ModeSummary[], modes: readonly Mode[], title: string): Record<string, unknown> {
   const values = summary.map((x) => ({ mode: x.mode, ttft: x.ttftMs, f1: 100 * x.f1 }));
   return {
     $schema: "https://vega.github.io/schema/vega-lite/v6.json",
@@ -219,11 +219,12 @@ function ttftPlot(summary: ModeSummary[], title: string): Record<string, unknown
     background: "white",
     data: { values },
     encoding: {
-      x: { field: "ttft", type: "quantitative", title: "mean TTFT (ms)", scale: { zero: true } },
+      // Room on the right for the last point's label.
+      x: { field: "ttft", type: "quantitative", title: "mean TTFT (ms)", scale: { domain: [0, 1.2 * Math.max(1, ...values.map((v) => v.ttft))], nice: true } },
       y: { field: "f1", type: "quantitative", title: "F1 (%)", scale: { domain: [0, 100] } },
     },
     layer: [
-      { mark: { type: "point", filled: true, size: 120 }, encoding: { color: { field: "mode", type: "nominal", title: "mode" } } },
+      { mark: { type: "point", filled: true, size: 120 }, encoding: { color: { field: "mode", type: "nominal", title: "mode", sort: modes } } },
       { mark: { type: "text", dx: 8, align: "left", baseline: "middle" }, encoding: { text: { field: "mode" } } },
     ],
   };
