@@ -313,6 +313,15 @@ describe("modes against each other", () => {
     expect(again.rows.map((x) => x.id)).toEqual(byMode(r.rows, "none").map((x) => x.id));
   });
 
+  test("--memory-max-tokens caps what dki injects; the memories past it are counted as left out", async () => {
+    const r = await runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki"], alpha: 1, maxAnswerTokens: 1, memoryMaxTokens: 16, conversations: ["ann"] });
+    expect(r.rows.some((x) => x.leftOut > 0)).toBe(true);
+    for (const x of r.rows) {
+      expect(x.memoryTokens).toBeLessThanOrEqual(16);
+      expect(x.memoryIds.length + x.leftOut).toBe(x.routed.length);
+    }
+  });
+
   test("--conversations keeps those users' questions; an unknown one is named", async () => {
     const r = await runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["none"], maxAnswerTokens: 1, conversations: ["li"] });
     expect(r.rows.map((x) => x.id)).toEqual(["li:0", "li:1"]);

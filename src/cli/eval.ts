@@ -21,6 +21,7 @@ interface MemoryFlags {
   topK: number;
   alpha?: number;
   maxAnswerTokens: number;
+  memoryMaxTokens?: number;
   device: "cpu" | "cuda";
   threads?: number;
   ctx?: number;
@@ -52,6 +53,7 @@ export function registerEval(program: Command): Command {
     .option("--top-k <n>", "memories routed per question for rag and dki*", intOption("--top-k", 1, 1000), 3)
     .option("--alpha <a>", "force dki's α for every routed memory (bypasses the relevance gate); default: gated", numberOption("--alpha", { min: 0, max: 1 }))
     .option("--max-answer-tokens <n>", "answer tokens at most", intOption("--max-answer-tokens", 1, 4096), 24)
+    .option("--memory-max-tokens <n>", "memory tokens dki* inject per question at most (default 1024)", intOption("--memory-max-tokens", 1))
     .option("--device <d>", "cpu or cuda", choiceOption("--device", ["cpu", "cuda"] as const), "cpu")
     .option("--threads <n>", "engine threads (default: all cores)", intOption("--threads", 1, 1024))
     .option("--ctx <n>", "the model's own-token window (full drops the oldest turns to fit it)", intOption("--ctx", 1))
@@ -72,6 +74,7 @@ export function registerEval(program: Command): Command {
         topK: f.topK,
         alpha: f.alpha,
         maxAnswerTokens: f.maxAnswerTokens,
+        memoryMaxTokens: f.memoryMaxTokens,
         device: f.device,
         threads: f.threads,
         contextSize: f.ctx,

@@ -56,6 +56,8 @@ export interface MemoryQAOptions {
   alpha?: number;
   /** Default 24. */
   maxAnswerTokens?: number;
+  /** Memory tokens dki* inject per question at most (DKIConfig.memoryMaxTokens; default DKI's, 1024). */
+  memoryMaxTokens?: number;
   device?: "cpu" | "cuda";
   threads?: number;
   /** Own-token window (LoadOptions.contextSize); full drops oldest turns to fit it. */
@@ -114,6 +116,7 @@ export interface RunSettings {
   topK: number;
   alpha: number | null;
   maxAnswerTokens: number;
+  memoryMaxTokens: number | null;
   contextSize: number | null;
   judge: string | null;
   embedder: string;
@@ -141,6 +144,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   const maxAnswerTokens = o.maxAnswerTokens ?? 24;
   if (!Number.isInteger(maxAnswerTokens) || maxAnswerTokens < 1) throw new DkiArgumentError(`maxAnswerTokens must be an integer >= 1, got ${maxAnswerTokens}`);
   if (o.alpha !== undefined && !(Number.isFinite(o.alpha) && o.alpha >= 0 && o.alpha <= 1)) throw new DkiArgumentError(`alpha must be in [0, 1], got ${o.alpha}`);
+  if (o.memoryMaxTokens !== undefined && !(Number.isInteger(o.memoryMaxTokens) && o.memoryMaxTokens >= 1)) throw new DkiArgumentError(`memoryMaxTokens must be an integer >= 1, got ${o.memoryMaxTokens}`);
   if (o.limit !== undefined && !(Number.isInteger(o.limit) && o.limit >= 1)) throw new DkiArgumentError(`limit must be an integer >= 1, got ${o.limit}`);
 
   const data = await loadQADataset(o.data);
@@ -155,6 +159,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
     topK,
     alpha: o.alpha ?? null,
     maxAnswerTokens,
+    memoryMaxTokens: o.memoryMaxTokens ?? null,
     contextSize: o.contextSize ?? null,
     judge: o.judge === undefined ? null : resolve(o.judge),
     embedder: o.embedder?.id ?? "hashing (default)",
@@ -181,7 +186,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
       // One throwaway answer first: the first call of a process pays for the threads and caches
       // warming up, which would otherwise land in one question's TTFT.
       await model.generate({ tokens: await renderQuery(model, "Hello?") }, { maxNewTokens: 2 });
-      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder };
+      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder };
       const byUser = new Map(data.conversations.map((c) => [c.userId, c]));
       for (const mode of modes) {
         const mine = todo.filter((t) => t.mode === mode);
@@ -311,6 +316,7 @@ interface RunContext {
   topK: number;
   alpha: number | undefined;
   maxAnswerTokens: number;
+  memoryMaxTokens: number | undefined;
   storeDir: string;
   cacheDir: string;
   embedder: Embedder | undefined;
@@ -322,9 +328,21 @@ function answerer(fn: (q: QAQuestion, c: ImportedConversation) => Promise<QARow>
   return Object.assign(fn, { close });
 }
 
-/** The settings rag and dki* share: top-k, the instruction, no history, no preferences. */
+/**
+ * The settings rag and dki* share: top-k, the instruction, no history, no preferences, and the
+ * answer's room as the generation reserve (as full leaves it), so RAG's context budget is half of
+ * the window less the answer rather than less DKI's chat default of 512.
+ */
 function systemConfig(ctx: RunContext, extra: DKIConfigInput = {}): DKIConfigInput {
-  return { maxMemories: ctx.topK, systemPrompt: ANSWER_INSTRUCTION, historyEnabled: false, preferenceEnabled: false, ...extra };
+  return {
+    maxMemories: ctx.topK,
+    systemPrompt: ANSWER_INSTRUCTION,
+    historyEnabled: false,
+    preferenceEnabled: false,
+    generationReserve: ctx.maxAnswerTokens,
+    ...(ctx.memoryMaxTokens === undefined ? {} : { memoryMaxTokens: ctx.memoryMaxTokens }),
+    ...extra,
+  };
 }
 
 async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
