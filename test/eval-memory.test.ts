@@ -266,6 +266,10 @@ describe("LongMemEval file, every mode; resumable", () => {
     expect(third.answered).toBe(0);
     const lines = readFileSync(third.resultsFile, "utf8").trim().split("\n").map((l) => JSON.parse(l) as QARow);
     expect(lines.map(stable)).toEqual(once.rows.map(stable));
+    // A narrower rerun reports its own selection; the file keeps every row.
+    const narrow = await runMemoryQA({ model: modelDir, data: lmeFile, out, alpha: 1, maxAnswerTokens: 3, threads: 1, limit: 1, modes: ["rag"] });
+    expect(narrow.rows.map((r) => [r.id, r.mode])).toEqual([["q_car", "rag"]]);
+    expect(readFileSync(third.resultsFile, "utf8").trim().split("\n")).toHaveLength(3 * MODES.length);
   }, 120_000);
 
   test("--judge: each LongMemEval row carries the judge model's verdict on the paper's per-type question", async () => {

@@ -126,7 +126,7 @@ export interface RunSettings {
 export interface MemoryQAResult {
   settings: RunSettings;
   format: "locomo" | "longmemeval";
-  /** Every row of the work folder's file, in question order, modes in the order given. */
+  /** The rows of this run's questions and modes (answered now or before), in question order, modes in the order given. */
   rows: QARow[];
   /** Rows answered by this run (the others were there already). */
   answered: number;
@@ -219,7 +219,9 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   const tmp = `${resultsFile}.tmp`;
   writeFileSync(tmp, rows.map((r) => JSON.stringify(r) + "\n").join(""));
   renameSync(tmp, resultsFile);
-  return { settings, format: data.format, rows, answered, resultsFile };
+  // The file keeps every row the folder has; the result (and the report) this run's selection.
+  const selected = rows.filter((r) => order.has(r.id) && modes.includes(r.mode));
+  return { settings, format: data.format, rows: selected, answered, resultsFile };
 }
 
 /** The questions of the chosen conversations, in the file's order or shuffled by the seed, at most `limit`. */
