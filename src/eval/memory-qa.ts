@@ -20,6 +20,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeF
 import { join, resolve } from "node:path";
 import { performance } from "node:perf_hooks";
 import { Model, type LoadOptions } from "../engine/model.js";
+import { native } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
 import { DKISystem } from "../dki/system.js";
 import type { DKIConfigInput } from "../dki/config.js";
@@ -130,6 +131,8 @@ export interface MemoryQAResult {
   rows: QARow[];
   /** Rows answered by this run (the others were there already). */
   answered: number;
+  /** The engine's threads during this run's answers (null: nothing was answered). */
+  threads: number | null;
   resultsFile: string;
 }
 
@@ -175,9 +178,11 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   const storeDir = join(out, "store");
 
   let answered = 0;
+  let threads: number | null = null;
   if (todo.length > 0) {
     const load: LoadOptions = { device: o.device ?? "cpu", ...(o.threads === undefined ? {} : { threads: o.threads }), ...(o.contextSize === undefined ? {} : { contextSize: o.contextSize }) };
     const model = await Model.load(o.model, load);
+    threads = native().getThreads();
     let judge: Model | null = null;
     try {
       judge = o.judge !== undefined ? await Model.load(o.judge, { device: load.device, threads: load.threads }) : null;
@@ -221,7 +226,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   renameSync(tmp, resultsFile);
   // The file keeps every row the folder has; the result (and the report) this run's selection.
   const selected = rows.filter((r) => order.has(r.id) && modes.includes(r.mode));
-  return { settings, format: data.format, rows: selected, answered, resultsFile };
+  return { settings, format: data.format, rows: selected, answered, threads, resultsFile };
 }
 
 /** The questions of the chosen conversations, in the file's order or shuffled by the seed, at most `limit`. */

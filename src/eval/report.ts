@@ -48,7 +48,7 @@ export interface MemoryQAReport {
   title: string;
   settings: MemoryQAResult["settings"];
   format: MemoryQAResult["format"];
-  machine: { cpu: string; cores: number; memoryGiB: number; loadAverage: number[]; node: string; date: string };
+  machine: { cpu: string; cores: number; memoryGiB: number; loadAverage: number[]; node: string; date: string; threads: number | null };
   modes: ModeSummary[];
   categories: CategorySummary[];
   plots: PlotFiles[];
@@ -138,7 +138,7 @@ export async function writeMemoryQAReport(result: MemoryQAResult, base: string):
     title,
     settings: s,
     format: result.format,
-    machine: { cpu: cpus()[0]?.model ?? "unknown", cores: cpus().length, memoryGiB: Math.round(totalmem() / 2 ** 30), loadAverage: loadavg().map((x) => Number(x.toFixed(2))), node: process.version, date: new Date().toISOString() },
+    machine: { cpu: cpus()[0]?.model ?? "unknown", cores: cpus().length, memoryGiB: Math.round(totalmem() / 2 ** 30), loadAverage: loadavg().map((x) => Number(x.toFixed(2))), node: process.version, date: new Date().toISOString(), threads: result.threads },
     modes: summary,
     categories,
     plots,
@@ -166,7 +166,7 @@ function markdown(r: MemoryQAReport, label: (c: string) => string): string {
     `# ${r.title}`,
     "",
     `Model \`${s.model}\`, data \`${s.data}\` (${r.format}), device ${s.device}, embedder ${s.embedder}${s.contextSize === null ? "" : `, window ${s.contextSize} tokens`}.`,
-    `Machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGiB} GiB; load average ${m.loadAverage.join(" / ")} when the report was written (other work on the machine slows the latencies, not the scores); Node ${m.node}; ${m.date}.`,
+    `Machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGiB} GiB, ${m.threads === null ? "no answers this run" : `${m.threads} engine thread${m.threads === 1 ? "" : "s"}`}; load average ${m.loadAverage.join(" / ")} when the report was written (other work on the machine slows the latencies, not the scores); Node ${m.node}; ${m.date}.`,
     "",
     "## By mode",
     "",
