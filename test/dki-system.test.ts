@@ -266,6 +266,44 @@ describe("blocks, order and prefix", () => {
     }
   });
 
+  test("memoryEncoding joint: the routed memories are one block, equal to computing their tokens together with the engine; separate blocks differ", async () => {
+    const joint = await open({ ...bare, memoryEncoding: "joint" });
+    try {
+      await joint.memories.add("Alice went to Kyoto in spring.", { userId: "alice" });
+      await joint.memories.add("Alice loves hiking in the Alps.", { userId: "alice" });
+      await joint.memories.add("Alice keeps two cats.", { userId: "alice" });
+      const q = "Does Alice like hiking in the Alps, Kyoto or cats?";
+      const r = await joint.chat(q, { userId: "alice", sessionId: "j1", maxNewTokens: 1, forceAlpha: 1 });
+      expect(r.memoriesUsed).toHaveLength(3);
+      expect(r.metadata.memoryEncoding).toBe("joint");
+      const tokens = r.memoriesUsed.flatMap((m) => model.tokenizer.encode(m.text, { addSpecialTokens: false }));
+      expect(r.cache.tiers).toEqual([expect.objectContaining({ kind: "memory", id: r.memoriesUsed.map((m) => m.id).join("+"), tokens: tokens.length })]);
+
+      // The reference: the engine's own block of all the tokens, injected at [−M, −1].
+      const got = await joint.logits(q, { userId: "alice", sessionId: "j2", forceAlpha: 1 });
+      const block = await model.computeBlock(tokens);
+      try {
+        const want = await model.logits(got.promptTokens, { segments: [{ kv: block, alpha: 1 }], positions: "negative" });
+        expect(maxRowDiff(got.logits, want)).toBeLessThan(1e-4);
+      } finally {
+        block.dispose();
+      }
+      // Apart, each memory loses the others: not the same logits.
+      const separate = await open({ ...bare });
+      try {
+        for (const m of r.memoriesUsed) await separate.memories.add(m.text, { userId: "alice" });
+        const apart = await separate.logits(q, { userId: "alice", sessionId: "s1", forceAlpha: 1 });
+        expect(apart.tiers).toHaveLength(3);
+        expect(apart.promptTokens).toEqual(got.promptTokens);
+        expect(maxRowDiff(apart.logits, got.logits)).toBeGreaterThan(1e-4);
+      } finally {
+        await separate.close();
+      }
+    } finally {
+      await joint.close();
+    }
+  });
+
   test("memoryMaxTokens caps the memory tokens a turn injects; the memories past it are reported left out", async () => {
     const short = "Alice hikes in the Alps.";
     const n = model.tokenizer.encode(short, { addSpecialTokens: false }).length;

@@ -1,11 +1,7 @@
-// Plots for benchmark results: a Vega-Lite spec compiled and rendered to SVG by Vega in Node, and
-// to PNG by resvg for viewers that do not show SVG. The spec is written beside them, so a plot can
-// be re-rendered or restyled without rerunning the benchmark.
-import { writeFileSync, mkdirSync } from "node:fs";
+// Plots for benchmark results, drawn by the library's renderVegaLite (src/util/plot.ts: Vega-Lite →
+// SVG → PNG, the spec written beside them) into bench/results/.
 import { join } from "node:path";
-import * as vl from "vega-lite";
-import * as vega from "vega";
-import { Resvg } from "@resvg/resvg-js";
+import { renderVegaLite } from "../../dist/src/util/plot.js";
 import { resultsDir } from "./results.js";
 
 /**
@@ -29,13 +25,5 @@ export async function writeLinePlot(name, { rows, title, x, y, series = "series"
       tooltip: [{ field: "series" }, { field: "x" }, { field: "y" }],
     },
   };
-  const view = new vega.View(vega.parse(vl.compile(spec).spec), { renderer: "none" });
-  const svg = await view.toSVG();
-  view.finalize();
-  mkdirSync(resultsDir, { recursive: true });
-  const base = join(resultsDir, name);
-  writeFileSync(`${base}.vl.json`, JSON.stringify(spec, null, 2) + "\n");
-  writeFileSync(`${base}.svg`, svg);
-  writeFileSync(`${base}.png`, new Resvg(svg, { background: "white", font: { loadSystemFonts: true } }).render().asPng());
-  return { svg: `${base}.svg`, png: `${base}.png`, spec: `${base}.vl.json` };
+  return renderVegaLite(spec, join(resultsDir, name));
 }

@@ -11,6 +11,15 @@ export type EncodingPrefix = "none" | "bos" | "bos+system";
 /** Order of the memory blocks after the preference block: "score" (most relevant first) or "time" (oldest first). */
 export type MemoryOrder = "score" | "time";
 
+/**
+ * How the memories routed to a turn become K/V: "separate" (default), each its own block, computed
+ * once and reused in any combination; "joint", all of them one block encoded together (the memories'
+ * tokens in injection order behind the same prefix, at the same positions), so each memory sees
+ * the ones before it. A joint block is reused only for the same memories in the same order: it is
+ * the research control that measures what encoding memories apart costs.
+ */
+export type MemoryEncoding = "separate" | "joint";
+
 export type HistoryLanguageSetting = "auto" | "cn" | "en";
 
 /**
@@ -67,6 +76,7 @@ export interface DKIConfig {
   /** Memory tokens injected per turn at most; memories past it are left out, in routing order. */
   memoryMaxTokens: number;
   memoryOrder: MemoryOrder;
+  memoryEncoding: MemoryEncoding;
   positions: PositionStrategy;
   encodingPrefix: EncodingPrefix;
   preferenceEnabled: boolean;
@@ -104,6 +114,7 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
   maxMemories: 3,
   memoryMaxTokens: 1024,
   memoryOrder: "score",
+  memoryEncoding: "separate",
   positions: "negative",
   encodingPrefix: "bos",
   preferenceEnabled: true,
@@ -153,6 +164,7 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
   count("maxMemories", c.maxMemories);
   count("memoryMaxTokens", c.memoryMaxTokens);
   choice("memoryOrder", c.memoryOrder, ["score", "time"]);
+  choice("memoryEncoding", c.memoryEncoding, ["separate", "joint"]);
   choice("positions", c.positions, ["negative", "prefix"]);
   choice("encodingPrefix", c.encodingPrefix, ["none", "bos", "bos+system"]);
   if (typeof c.preferenceEnabled !== "boolean") throw new DkiArgumentError(`config.preferenceEnabled must be true or false, got ${shown(c.preferenceEnabled)}`);

@@ -22,7 +22,7 @@ import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
-import type { DKIConfig, EncodingPrefix, MemoryOrder } from "./config.js";
+import type { DKIConfig, EncodingPrefix, MemoryEncoding, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
@@ -61,7 +61,7 @@ export interface MemoryUsed {
 /** Where one injected block came from. */
 export interface BlockOrigin {
   kind: "preferences" | "memory";
-  /** The memory's id (memories only). */
+  /** The memory's id (memories only; a joint block's is its memories' ids joined by "+"). */
   id?: string;
   tier: Tier;
   loadMs: number;
@@ -102,6 +102,7 @@ export interface DKIMetadata {
   positions: PositionStrategy;
   encodingPrefix: EncodingPrefix;
   memoryOrder: MemoryOrder;
+  memoryEncoding: MemoryEncoding;
   /** The layer's own time (total − prefill − decode − K/V computes − queue − entropy probe). */
   layerMs: number;
   /** Routed memories the gate let through but the turn did not inject (below τ themselves, over the token budget). */
@@ -380,7 +381,11 @@ export class DKISystem {
     // The engine's rule: a block is injected exactly when its α ≥ alphaThreshold (α = 0 included at threshold 0).
     const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold;
     if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
-    for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, alpha: gating.alpha });
+    if (c.memoryEncoding === "joint" && memories.length > 0) {
+      specs.push({ name: memories.map((m) => m.r.memory.id).join("+"), tokens: memories.flatMap((m) => m.tokens), alpha: gating.alpha });
+    } else {
+      for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, alpha: gating.alpha });
+    }
 
     let assembly: Assembly | null = null;
     if (specs.length > 0) {
@@ -444,6 +449,7 @@ export class DKISystem {
         positions: this.config.positions,
         encodingPrefix: this.config.encodingPrefix,
         memoryOrder: this.config.memoryOrder,
+        memoryEncoding: this.config.memoryEncoding,
         layerMs: 0,
         memoriesLeftOut: p.leftOut,
         hybridInjection: {
