@@ -11,6 +11,7 @@ import { registerKbCommand } from "./kb.js";
 import { registerRagCommand } from "./rag.js";
 import { registerMemoryCommands } from "./memory.js";
 import { registerEval } from "./eval.js";
+import { registerEvalSynth } from "./eval-synth.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -38,7 +39,7 @@ registerChatCommand(program);
 registerKbCommand(program);
 registerRagCommand(program);
 registerMemoryCommands(program);
-registerEval(program);
+registerEvalSynth(registerEval(program));
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.
