@@ -1,6 +1,6 @@
 // The memory store's API and its answers to bad input: every refusal names what is wrong, and
 // nothing is overwritten or lost on the way.
-import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DkiArgumentError } from "../src/errors.js";
@@ -202,15 +202,22 @@ describe("MemoryStore bad input", () => {
     await expect(store.preferences.delete(42 as never, { userId: "alice" })).rejects.toThrow(/id must be a non-empty string, got 42/);
   });
 
-  it("refuses a second opener of the same folder, in this process and in another", async () => {
+  it("lets a second opener in, in this process and in another, each seeing the other's writes at its next search", async () => {
     const dir = tempDir();
-    await openStore(dir);
-    await expect(MemoryStore.open({ dir })).rejects.toThrow(/already open/);
+    const first = await openStore(dir);
+    await first.memories.add("the red kite flies", { userId: "u" });
+    const second = await openStore(dir);
+    expect((await second.memories.search("red kite", { userId: "u" }))[0].memory.text).toBe("the red kite flies");
+    await second.memories.add("the blue heron waits", { userId: "u" });
+    // first's loaded index was at the generation before second's add: reloaded at this search.
+    expect((await first.memories.search("blue heron", { userId: "u" }))[0].memory.text).toBe("the blue heron waits");
     const { execFileSync } = await import("node:child_process");
     // The child runs the built package (npm test compiles dist/ first).
-    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/memory/memory-store.js"))}).then(m => m.MemoryStore.open({ dir: ${JSON.stringify(dir)} })).then(() => console.log("opened"), e => console.log(e.name + ": " + e.message))`;
-    const out = execFileSync(process.execPath, ["-e", script], { encoding: "utf8" }).trim();
-    expect(out).toMatch(/^MemoryStoreError: .*already open.*names process \d+/);
+    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/memory/memory-store.js"))}).then(async (m) => { const s = await m.MemoryStore.open({ dir: ${JSON.stringify(dir)} }); await s.memories.add("the green frog sings", { userId: "u" }); console.log((await s.memories.getAll({ userId: "u" })).length); await s.close(); }, e => console.log(e.name + ": " + e.message))`;
+    expect(execFileSync(process.execPath, ["-e", script], { encoding: "utf8" }).trim()).toBe("3");
+    for (const s of [first, second]) expect((await s.memories.search("green frog", { userId: "u", limit: 1 }))[0].memory.text).toBe("the green frog sings");
+    await second.eraseUser("u");
+    expect(await first.memories.search("red kite", { userId: "u" })).toEqual([]);
   });
 
   it("refuses a foreign folder, a damaged store file and another schema version, overwriting nothing", async () => {
@@ -225,9 +232,11 @@ describe("MemoryStore bad input", () => {
     await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(MemoryStoreError);
     expect(readFileSync(join(damaged, "store.lmdb")).equals(garbage)).toBe(true);
     writeFileSync(join(damaged, "store.lmdb"), "short");
-    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/damaged or not an LMDB file/);
-    // The lock was let go: a repaired folder can be opened by the same process.
+    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/store.lmdb is 5 bytes long, too short for an LMDB file/);
+    // An empty file is not a new store: it is what a failed copy leaves.
     writeFileSync(join(damaged, "store.lmdb"), "");
+    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/store.lmdb is empty \(0 bytes\).*Restore it from a backup, or move it/);
+    rmSync(join(damaged, "store.lmdb"));
     await openStore(damaged);
 
     const file = tempDir();
@@ -246,7 +255,7 @@ describe("MemoryStore bad input", () => {
     const { execFileSync } = await import("node:child_process");
     const script = `import("lmdb").then(async ({ open }) => { const env = open({ path: ${JSON.stringify(join(dir, "store.lmdb"))}, maxDbs: 16 }); await env.openDB({ name: "meta", encoding: "json" }).put("schema", { format: "dki-memory-store", version: 99, createdAt: 0 }); await env.close(); })`;
     execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: repoRoot });
-    await expect(MemoryStore.open({ dir })).rejects.toThrow(/schema version 99; this dki-engine reads version 1 .*newer dki-engine/);
+    await expect(MemoryStore.open({ dir })).rejects.toThrow(/schema version 99; this dki-engine reads version 2 .*newer dki-engine/);
   });
 
   it("refuses another embedder unless asked to re-embed, and never mixes their vectors", async () => {
