@@ -245,6 +245,30 @@ describe("MemoryStore bad input", () => {
     await expect(MemoryStore.open({ dir: notAFolder })).rejects.toThrow(/is not a folder/);
   });
 
+  it("re-embeds alone: waits a bounded time for another process's re-embedding and then names it", async () => {
+    const dir = tempDir();
+    const store = await openStore(dir, { embedder: new HashingEmbedder({ dim: 64 }) });
+    await store.memories.add("the quick brown fox", { userId: "u" });
+    await store.close();
+    // The lock a re-embedding process holds, taken here by a plain child.
+    const { spawn } = await import("node:child_process");
+    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/cache/tiers/folder-lock.js"))}).then(async (m) => { await m.FolderLock.acquire(${JSON.stringify(dir)}); console.log("locked"); setTimeout(() => {}, 60_000); })`;
+    const holder = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+    try {
+      await new Promise<void>((resolve) => holder.stdout.once("data", () => resolve()));
+      const t0 = Date.now();
+      await expect(MemoryStore.open({ dir, embedder: new HashingEmbedder({ dim: 128 }), reembed: true, exclusiveWaitMs: 500 })).rejects.toThrow(
+        new RegExp(`the memory store ${dir} is being re-embedded by process ${holder.pid}; waited 0.5 s`),
+      );
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(500);
+    } finally {
+      holder.kill("SIGKILL");
+    }
+    // Once it is gone, the re-embedding runs.
+    const again = await openStore(dir, { embedder: new HashingEmbedder({ dim: 128 }), reembed: true });
+    expect((await again.memories.search("brown fox", { userId: "u" }))[0].memory.text).toBe("the quick brown fox");
+  });
+
   it("refuses a store of another schema version, naming both versions", async () => {
     const dir = tempDir();
     const store = await openStore(dir);

@@ -983,7 +983,7 @@ async function acquireAlone(dir: string, activity: string, waitMs: number): Prom
           // named as "another process" below
         }
         const who = Number.isInteger(holder) && holder > 0 ? `process ${holder}` : "another process";
-        throw new MemoryStoreError(`the memory store ${dir} is being ${activity} by ${who}; waited ${(waitMs / 1000).toFixed(0)} s. Try again when it is done`);
+        throw new MemoryStoreError(`the memory store ${dir} is being ${activity} by ${who}; waited ${(waitMs / 1000).toFixed(waitMs % 1000 === 0 ? 0 : 1)} s. Try again when it is done`);
       }
       await new Promise((r) => setTimeout(r, 100));
     }
