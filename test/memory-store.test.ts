@@ -269,6 +269,33 @@ describe("MemoryStore bad input", () => {
     expect((await again.memories.search("brown fox", { userId: "u" }))[0].memory.text).toBe("the quick brown fox");
   });
 
+  it("opens a version-1 store (records without checksums) and reads, searches and extends it", async () => {
+    const dir = tempDir();
+    // Written the way version 1 wrote: plain JSON records, bare float32 vectors (a plain Node
+    // child: two copies of lmdb's addon in one process must not open the same file).
+    const { execFileSync } = await import("node:child_process");
+    const dist = (f: string) => JSON.stringify(join(repoRoot, "dist/src/memory", f));
+    const script = `Promise.all([import("lmdb"), import(${dist("embedders/hashing.js")})]).then(async ([{ open }, { HashingEmbedder }]) => {
+      const env = open({ path: ${JSON.stringify(join(dir, "store.lmdb"))}, maxDbs: 16 });
+      const db = (name) => env.openDB({ name, encoding: "json" });
+      const e = new HashingEmbedder();
+      const [v] = await e.embed(["the old red kite"]);
+      await db("meta").put("schema", { format: "dki-memory-store", version: 1, createdAt: 0 });
+      await db("meta").put("embedder", { id: e.id, dim: e.dim });
+      await db("users").put("u", { createdAt: 0, generation: 3 });
+      await db("memories").put(["u", "mem_old"], { id: "mem_old", userId: "u", text: "the old red kite", metadata: {}, createdAt: 0, updatedAt: 0, active: true });
+      await env.openDB({ name: "vectors", encoding: "binary" }).put(["u", "mem_old"], Buffer.from(v.buffer));
+      await env.close();
+    })`;
+    execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: repoRoot });
+    const store = await openStore(dir);
+    expect((await store.memories.get("mem_old", { userId: "u" }))?.text).toBe("the old red kite");
+    expect((await store.memories.search("red kite", { userId: "u" }))[0].memory.id).toBe("mem_old");
+    await store.memories.add("a new blue heron", { userId: "u" });
+    expect((await store.memories.search("blue heron", { userId: "u" }))[0].memory.text).toBe("a new blue heron");
+    expect(store.stats()).toMatchObject({ schemaVersion: 2, memories: 2 });
+  });
+
   it("refuses a store of another schema version, naming both versions", async () => {
     const dir = tempDir();
     const store = await openStore(dir);
