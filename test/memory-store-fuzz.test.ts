@@ -123,7 +123,11 @@ test("a truncated or bit-flipped store file ends in a clean error naming it or i
   expect(judge("pristine", await runChild(copy(-1)), "store.lmdb", written)).toBe("store");
 
   const offsets = [0, 100, 4096, 8192];
-  for (let i = 0; offsets.length < 100; i++) offsets.push(Math.min(size - 1, Math.floor(((i + rand()) * size) / 96)));
+  // Half of them at page boundaries, where the size alone looks right and the page tree must tell.
+  for (let i = 0; offsets.length < 100; i++) {
+    const offset = Math.min(size - 1, Math.floor(((i + rand()) * size) / 96));
+    offsets.push(i % 2 === 0 ? offset - (offset % 4096) : offset);
+  }
   const truncations = await inPairs(
     offsets.map((offset, i) => async () => {
       const dir = copy(i);
