@@ -252,10 +252,9 @@ export class ScopedHybridIndex {
     try {
       for (const [scope, s] of this.scopes) {
         if (!s.dirty || !(s.vectors instanceof VectorIndex)) continue;
-        s.dirty = false;
         // Moved on by another writer (or erased): this scope is stale and reloads on its next use.
-        if (this.options.source.generation(scope) !== s.generation) continue;
-        saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
+        if (this.options.source.generation(scope) === s.generation) saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
+        s.dirty = false;
       }
     } finally {
       // What was written is recorded even if a later save failed (a full disk): the others stay
