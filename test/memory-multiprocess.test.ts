@@ -11,6 +11,9 @@ import { afterAll, beforeAll, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { DKISystem } from "../src/dki/index.js";
+import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
+import { MemoryStore } from "../src/memory/memory-store.js";
+import type { Embedder } from "../src/memory/types.js";
 import { repoRoot, tempDir } from "./support/paths.js";
 
 interface Line {
@@ -145,3 +148,37 @@ test("an open chat session sees another process's add at its next turn and anoth
     await sys.close();
   }
 }, 120_000);
+
+test("re-embedding takes in memories other processes add meanwhile, then refuses their writes and searches with the previous embedder", async () => {
+  const dir = join(tempDir(), "store");
+  const before = await MemoryStore.open({ dir });
+  await before.memories.add("the old red kite", { userId: "u" });
+  const other = new StoreProcess(dir);
+  await other.ready();
+  // The re-embedding's embedder holds its first batch until the other process has added one more.
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  const inner = new HashingEmbedder({ dim: 128 });
+  let calls = 0;
+  const slow: Embedder = { id: inner.id, dim: inner.dim, embed: async (texts) => (calls++ === 0 ? held.then(() => inner.embed(texts)) : inner.embed(texts)) };
+  const opening = MemoryStore.open({ dir, embedder: slow, reembed: true });
+  while (calls === 0) await new Promise((r) => setTimeout(r, 10));
+  const { id } = await other.send<{ id: string }>({ op: "add", userId: "u", text: "a blue heron added meanwhile" });
+  release();
+  const after = await opening;
+  try {
+    // The memory added during the re-embedding has a vector of the new embedder: found by search.
+    expect((await after.memories.search("blue heron", { userId: "u", limit: 1 }))[0].memory.id).toBe(id);
+    expect((await after.memories.search("red kite", { userId: "u", limit: 1 }))[0].memory.text).toBe("the old red kite");
+    expect(after.systemAudit().filter((a) => a.action === "store_reembed").map((a) => a.metadata)).toEqual([{ from: new HashingEmbedder().id, to: inner.id, memories: 2 }]);
+    // Processes still on the previous embedder are refused, in this process and another.
+    await expect(before.memories.add("too late", { userId: "u" })).rejects.toThrow(/was re-embedded with embedder hashing-v1-d128 \(128 dimensions\) by another process/);
+    await expect(before.memories.search("kite", { userId: "u" })).rejects.toThrow(/re-embedded/);
+    await expect(other.send({ op: "add", userId: "u", text: "too late" })).rejects.toThrow(/MemoryStoreError: .*re-embedded/);
+    expect((await after.memories.getAll({ userId: "u" })).map((m) => m.text).sort()).toEqual(["a blue heron added meanwhile", "the old red kite"]);
+  } finally {
+    await other.close();
+    await before.close();
+    await after.close();
+  }
+});

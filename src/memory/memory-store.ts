@@ -407,6 +407,8 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const now = Date.now();
     const records: Memory[] = items.map((i) => ({ id: newId("mem"), userId, ...(i.sessionId === undefined ? {} : { sessionId: i.sessionId }), text: i.text, metadata: i.metadata, createdAt: now, updatedAt: now, active: true }));
+    // Before the index loads vectors: another process may have re-embedded the store.
+    this.checkEmbedder();
     // Opened before the commit, so a load (or rebuild) cannot see this write and then get it again.
     this.index.open(userId);
     const sessions = new Set(records.map((m) => m.sessionId));
@@ -506,6 +508,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.mustGetMemory(id, userId);
     const [vector] = await this.embed([text]);
     this.checkOpen();
+    this.checkEmbedder();
     this.index.open(userId);
     const now = Date.now();
     const { updated, generation } = this.env.transactionSync(() => {
@@ -527,6 +530,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
     this.mustGetMemory(id, userId);
+    this.checkEmbedder();
     this.index.open(userId);
     const now = Date.now();
     const generation = this.env.transactionSync(() => {
@@ -756,6 +760,7 @@ export class MemoryStore implements MemoryStoreApi {
   checkIndexes(): RebuildReport[] {
     this.checkOpen();
     const before = this.index.rebuilds.length;
+    this.checkEmbedder();
     for (const userId of this.db.users.getKeys()) this.index.open(userId);
     return this.index.rebuilds.slice(before);
   }
