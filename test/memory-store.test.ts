@@ -1,6 +1,6 @@
 // The memory store's API and its answers to bad input: every refusal names what is wrong, and
 // nothing is overwritten or lost on the way.
-import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DkiArgumentError } from "../src/errors.js";
@@ -294,6 +294,21 @@ describe("MemoryStore bad input", () => {
     await store.memories.add("a new blue heron", { userId: "u" });
     expect((await store.memories.search("blue heron", { userId: "u" }))[0].memory.text).toBe("a new blue heron");
     expect(store.stats()).toMatchObject({ schemaVersion: 2, memories: 2 });
+  });
+
+  it("replaces index files an older version saved under names without their checksum", async () => {
+    const dir = tempDir();
+    const first = await openStore(dir, { hnswFrom: 0 });
+    await first.memories.add("the grey heron", { userId: "u" });
+    await first.close();
+    const index = join(dir, "index");
+    for (const f of readdirSync(index)) renameSync(join(index, f), join(index, f.replace(/-[0-9a-f]{16}\./, ".")));
+    expect(readdirSync(index).sort()).toEqual([expect.stringMatching(/^[0-9a-f]{32}\.hnsw$/), expect.stringMatching(/^[0-9a-f]{32}\.ids\.json$/)]);
+    const store = await openStore(dir, { hnswFrom: 0 });
+    expect(store.checkIndexes().map((r) => r.reason)).toEqual(["missing"]);
+    store.flushIndexes();
+    expect(readdirSync(index).sort()).toEqual([expect.stringMatching(/^[0-9a-f]{32}-[0-9a-f]{16}\.hnsw$/), expect.stringMatching(/^[0-9a-f]{32}-[0-9a-f]{16}\.ids\.json$/)]);
+    expect((await store.memories.search("grey heron", { userId: "u" }))[0].memory.text).toBe("the grey heron");
   });
 
   it("refuses a store of another schema version, naming both versions", async () => {

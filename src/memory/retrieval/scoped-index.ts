@@ -274,6 +274,8 @@ export class ScopedHybridIndex {
       const unused = outcome.recorded ? outcome.before?.checksum : ours.checksum;
       const now = outcome.recorded ? ours.checksum : outcome.before?.checksum;
       if (unused !== undefined && unused !== now && /^[0-9a-f]{64}$/.test(unused)) VectorIndex.remove(this.base(scope), unused);
+      // Files an older version saved without the checksum in their names are no one's either.
+      if (outcome.recorded) VectorIndex.remove(this.base(scope));
     }
   }
 

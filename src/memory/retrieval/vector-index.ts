@@ -194,9 +194,12 @@ export class VectorIndex implements DenseIndex {
     }
   }
 
-  /** Deletes the files of the index saved at `base` with `checksum` (missing files are fine). */
-  static remove(base: string, checksum: string): void {
-    const { hnswPath, idsPath } = paths(base, checksum);
+  /**
+   * Deletes the files of the index saved at `base` with `checksum` (missing files are fine);
+   * without a checksum, those of the layout before file names carried it (`<base>.hnsw`).
+   */
+  static remove(base: string, checksum?: string): void {
+    const { hnswPath, idsPath } = checksum === undefined ? { hnswPath: `${base}.hnsw`, idsPath: `${base}.ids.json` } : paths(base, checksum);
     rmSync(hnswPath, { force: true });
     rmSync(idsPath, { force: true });
   }
