@@ -1,5 +1,7 @@
 // Retrieval: quality on a labelled corpus (printed), and the retrieval pieces' behaviour (fusion,
 // filters inside the search, a scope moving from an exact scan to HNSW).
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, test } from "vitest";
 import { MemoryStore } from "../src/memory/memory-store.js";
 import { Bm25Index } from "../src/memory/retrieval/bm25.js";
@@ -121,7 +123,13 @@ describe("retrieval pieces", () => {
     const loaded = VectorIndex.load(base, dim, checksum);
     const query = vec();
     expect(loaded.search(query, 10)).toEqual(hnsw.search(query, 10));
-    expect(() => VectorIndex.load(base, dim, "0".repeat(64))).toThrow(/do not match the checksum/);
+    // Files are named by their checksum: another checksum names files that are not there.
+    expect(() => VectorIndex.load(base, dim, "0".repeat(64))).toThrow(/is missing/);
+    const hnswFile = readdirSync(dirname(base)).find((f) => f.endsWith(".hnsw"))!;
+    const bytes = readFileSync(join(dirname(base), hnswFile));
+    bytes[bytes.length >> 1] ^= 1;
+    writeFileSync(join(dirname(base), hnswFile), bytes);
+    expect(() => VectorIndex.load(base, dim, checksum)).toThrow(/do not match the checksum/);
   });
 
   it("keeps at most maxLoadedIndexes users loaded, saving a changed one before unloading it", async () => {

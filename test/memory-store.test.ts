@@ -1,6 +1,6 @@
 // The memory store's API and its answers to bad input: every refusal names what is wrong, and
 // nothing is overwritten or lost on the way.
-import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DkiArgumentError } from "../src/errors.js";
@@ -202,15 +202,22 @@ describe("MemoryStore bad input", () => {
     await expect(store.preferences.delete(42 as never, { userId: "alice" })).rejects.toThrow(/id must be a non-empty string, got 42/);
   });
 
-  it("refuses a second opener of the same folder, in this process and in another", async () => {
+  it("lets a second opener in, in this process and in another, each seeing the other's writes at its next search", async () => {
     const dir = tempDir();
-    await openStore(dir);
-    await expect(MemoryStore.open({ dir })).rejects.toThrow(/already open/);
+    const first = await openStore(dir);
+    await first.memories.add("the red kite flies", { userId: "u" });
+    const second = await openStore(dir);
+    expect((await second.memories.search("red kite", { userId: "u" }))[0].memory.text).toBe("the red kite flies");
+    await second.memories.add("the blue heron waits", { userId: "u" });
+    // first's loaded index was at the generation before second's add: reloaded at this search.
+    expect((await first.memories.search("blue heron", { userId: "u" }))[0].memory.text).toBe("the blue heron waits");
     const { execFileSync } = await import("node:child_process");
     // The child runs the built package (npm test compiles dist/ first).
-    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/memory/memory-store.js"))}).then(m => m.MemoryStore.open({ dir: ${JSON.stringify(dir)} })).then(() => console.log("opened"), e => console.log(e.name + ": " + e.message))`;
-    const out = execFileSync(process.execPath, ["-e", script], { encoding: "utf8" }).trim();
-    expect(out).toMatch(/^MemoryStoreError: .*already open.*names process \d+/);
+    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/memory/memory-store.js"))}).then(async (m) => { const s = await m.MemoryStore.open({ dir: ${JSON.stringify(dir)} }); await s.memories.add("the green frog sings", { userId: "u" }); console.log((await s.memories.getAll({ userId: "u" })).length); await s.close(); }, e => console.log(e.name + ": " + e.message))`;
+    expect(execFileSync(process.execPath, ["-e", script], { encoding: "utf8" }).trim()).toBe("3");
+    for (const s of [first, second]) expect((await s.memories.search("green frog", { userId: "u", limit: 1 }))[0].memory.text).toBe("the green frog sings");
+    await second.eraseUser("u");
+    expect(await first.memories.search("red kite", { userId: "u" })).toEqual([]);
   });
 
   it("refuses a foreign folder, a damaged store file and another schema version, overwriting nothing", async () => {
@@ -225,15 +232,83 @@ describe("MemoryStore bad input", () => {
     await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(MemoryStoreError);
     expect(readFileSync(join(damaged, "store.lmdb")).equals(garbage)).toBe(true);
     writeFileSync(join(damaged, "store.lmdb"), "short");
-    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/damaged or not an LMDB file/);
-    // The lock was let go: a repaired folder can be opened by the same process.
+    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/store.lmdb is 5 bytes long, too short for an LMDB file/);
+    // An empty file is not a new store: it is what a failed copy leaves.
     writeFileSync(join(damaged, "store.lmdb"), "");
+    await expect(MemoryStore.open({ dir: damaged })).rejects.toThrow(/store.lmdb is empty \(0 bytes\).*Restore it from a backup, or move it/);
+    rmSync(join(damaged, "store.lmdb"));
     await openStore(damaged);
 
     const file = tempDir();
     const notAFolder = join(file, "f");
     writeFileSync(notAFolder, "x");
     await expect(MemoryStore.open({ dir: notAFolder })).rejects.toThrow(/is not a folder/);
+  });
+
+  it("re-embeds alone: waits a bounded time for another process's re-embedding and then names it", async () => {
+    const dir = tempDir();
+    const store = await openStore(dir, { embedder: new HashingEmbedder({ dim: 64 }) });
+    await store.memories.add("the quick brown fox", { userId: "u" });
+    await store.close();
+    // The lock a re-embedding process holds, taken here by a plain child.
+    const { spawn } = await import("node:child_process");
+    const script = `import(${JSON.stringify(join(repoRoot, "dist/src/cache/tiers/folder-lock.js"))}).then(async (m) => { await m.FolderLock.acquire(${JSON.stringify(dir)}); console.log("locked"); setTimeout(() => {}, 60_000); })`;
+    const holder = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+    try {
+      await new Promise<void>((resolve) => holder.stdout.once("data", () => resolve()));
+      const t0 = Date.now();
+      await expect(MemoryStore.open({ dir, embedder: new HashingEmbedder({ dim: 128 }), reembed: true, exclusiveWaitMs: 500 })).rejects.toThrow(
+        new RegExp(`the memory store ${dir} is being re-embedded by process ${holder.pid}; waited 0.5 s`),
+      );
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(500);
+    } finally {
+      holder.kill("SIGKILL");
+    }
+    // Once it is gone, the re-embedding runs.
+    const again = await openStore(dir, { embedder: new HashingEmbedder({ dim: 128 }), reembed: true });
+    expect((await again.memories.search("brown fox", { userId: "u" }))[0].memory.text).toBe("the quick brown fox");
+  });
+
+  it("opens a version-1 store (records without checksums) and reads, searches and extends it", async () => {
+    const dir = tempDir();
+    // Written the way version 1 wrote: plain JSON records, bare float32 vectors (a plain Node
+    // child: two copies of lmdb's addon in one process must not open the same file).
+    const { execFileSync } = await import("node:child_process");
+    const dist = (f: string) => JSON.stringify(join(repoRoot, "dist/src/memory", f));
+    const script = `Promise.all([import("lmdb"), import(${dist("embedders/hashing.js")})]).then(async ([{ open }, { HashingEmbedder }]) => {
+      const env = open({ path: ${JSON.stringify(join(dir, "store.lmdb"))}, maxDbs: 16 });
+      const db = (name) => env.openDB({ name, encoding: "json" });
+      const e = new HashingEmbedder();
+      const [v] = await e.embed(["the old red kite"]);
+      await db("meta").put("schema", { format: "dki-memory-store", version: 1, createdAt: 0 });
+      await db("meta").put("embedder", { id: e.id, dim: e.dim });
+      await db("users").put("u", { createdAt: 0, generation: 3 });
+      await db("memories").put(["u", "mem_old"], { id: "mem_old", userId: "u", text: "the old red kite", metadata: {}, createdAt: 0, updatedAt: 0, active: true });
+      await env.openDB({ name: "vectors", encoding: "binary" }).put(["u", "mem_old"], Buffer.from(v.buffer));
+      await env.close();
+    })`;
+    execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: repoRoot });
+    const store = await openStore(dir);
+    expect((await store.memories.get("mem_old", { userId: "u" }))?.text).toBe("the old red kite");
+    expect((await store.memories.search("red kite", { userId: "u" }))[0].memory.id).toBe("mem_old");
+    await store.memories.add("a new blue heron", { userId: "u" });
+    expect((await store.memories.search("blue heron", { userId: "u" }))[0].memory.text).toBe("a new blue heron");
+    expect(store.stats()).toMatchObject({ schemaVersion: 2, memories: 2 });
+  });
+
+  it("replaces index files an older version saved under names without their checksum", async () => {
+    const dir = tempDir();
+    const first = await openStore(dir, { hnswFrom: 0 });
+    await first.memories.add("the grey heron", { userId: "u" });
+    await first.close();
+    const index = join(dir, "index");
+    for (const f of readdirSync(index)) renameSync(join(index, f), join(index, f.replace(/-[0-9a-f]{16}\./, ".")));
+    expect(readdirSync(index).sort()).toEqual([expect.stringMatching(/^[0-9a-f]{32}\.hnsw$/), expect.stringMatching(/^[0-9a-f]{32}\.ids\.json$/)]);
+    const store = await openStore(dir, { hnswFrom: 0 });
+    expect(store.checkIndexes().map((r) => r.reason)).toEqual(["missing"]);
+    store.flushIndexes();
+    expect(readdirSync(index).sort()).toEqual([expect.stringMatching(/^[0-9a-f]{32}-[0-9a-f]{16}\.hnsw$/), expect.stringMatching(/^[0-9a-f]{32}-[0-9a-f]{16}\.ids\.json$/)]);
+    expect((await store.memories.search("grey heron", { userId: "u" }))[0].memory.text).toBe("the grey heron");
   });
 
   it("refuses a store of another schema version, naming both versions", async () => {
@@ -246,7 +321,7 @@ describe("MemoryStore bad input", () => {
     const { execFileSync } = await import("node:child_process");
     const script = `import("lmdb").then(async ({ open }) => { const env = open({ path: ${JSON.stringify(join(dir, "store.lmdb"))}, maxDbs: 16 }); await env.openDB({ name: "meta", encoding: "json" }).put("schema", { format: "dki-memory-store", version: 99, createdAt: 0 }); await env.close(); })`;
     execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: repoRoot });
-    await expect(MemoryStore.open({ dir })).rejects.toThrow(/schema version 99; this dki-engine reads version 1 .*newer dki-engine/);
+    await expect(MemoryStore.open({ dir })).rejects.toThrow(/schema version 99; this dki-engine reads version 2 .*newer dki-engine/);
   });
 
   it("refuses another embedder unless asked to re-embed, and never mixes their vectors", async () => {

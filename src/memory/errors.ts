@@ -16,6 +16,17 @@ export class MemoryStoreError extends Error {
   }
 }
 
+/**
+ * A store file (the memory store's or a knowledge base's LMDB file) that cannot be opened safely:
+ * empty, truncated, damaged or not LMDB. It is left untouched; the message says what to do.
+ */
+export class StoreFileError extends MemoryStoreError {
+  constructor(readonly file: string, what: string, readonly problem: string) {
+    super(`the ${what} file ${file} ${problem}; it was left untouched. Restore it from a backup, or move it (and ${file}-lock) away to start an empty ${what}`);
+    this.name = "StoreFileError";
+  }
+}
+
 /** A conversation file that is not what its format says; the message names the path inside the file. */
 export class ImportFormatError extends Error {
   constructor(readonly file: string, readonly path: string, detail: string) {

@@ -4,7 +4,12 @@
 // Folder layout:
 //   store.lmdb (+ store.lmdb-lock)   every record, the vectors, the schema and embedder identity
 //   index/                           HNSW files, one pair per user (retrieval/scoped-index.ts)
-//   .lock                            the one-opener lock (src/cache/tiers/folder-lock.ts)
+//   .lock                            held only for a step that must run alone (re-embedding)
+//
+// Several processes may have one store open at once, reading and writing (LMDB serialises the
+// writes and gives every reader a consistent snapshot). The store file is checked before LMDB maps
+// it (store-file.ts), and is created under a temporary name and linked into place whole, so no
+// process ever sees a half-made store.lmdb.
 //
 // Rules this file keeps:
 //   - Scope comes from arguments only. Every record's key starts with its user id, so a get with
@@ -14,20 +19,25 @@
 //     absent. A call returns only after its transaction committed: what it acknowledged survives.
 //   - The index follows the store: each memory write bumps the user's generation in the same
 //     transaction and then updates the loaded index; index files record the generation they hold
-//     (see scoped-index.ts), so after a crash an out-of-date index is rebuilt and reported.
+//     (see scoped-index.ts), so after a crash an out-of-date index is rebuilt and reported. The
+//     generation is read again at every search, so a process sees another's writes and erasures
+//     at its next search. Generations come from one store-wide counter, so a user erased and
+//     written again never comes back at a generation an old loaded index of it had.
 //   - Vectors of two embedders are never mixed: the store records the embedder's id and dimension,
 //     and opening with another embedder re-embeds everything (reembed: true) or is refused.
 import { randomBytes, createHash } from "node:crypto";
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readSync, rmSync, statSync } from "node:fs";
+import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { open as openLmdb, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../errors.js";
 import { FolderLock, FolderLockedError } from "../cache/tiers/folder-lock.js";
 import { HashingEmbedder } from "./embedders/hashing.js";
-import { MemoryNotFoundError, MemoryStoreError } from "./errors.js";
+import { MemoryNotFoundError, MemoryStoreError, StoreFileError } from "./errors.js";
+import { checkLmdbFile } from "./store-file.js";
+import { checkedJson, checkedVectorBytes, readCheckedVector } from "./checked-records.js";
 import { importConversations, type ImportedTurn, type ImportFormat, type ImportResult } from "./import.js";
 import { fusionWeights, type Fusion } from "./retrieval/fusion.js";
-import { ScopedHybridIndex, type IndexedDocument, type RebuildReport, type SavedIndex } from "./retrieval/scoped-index.js";
+import { ScopedHybridIndex, type IndexedDocument, type RebuildReport, type SavedIndex, type SaveOutcome } from "./retrieval/scoped-index.js";
 import { terms } from "./text-terms.js";
 import type {
   AddMemoryOptions,
@@ -46,12 +56,15 @@ import type {
 } from "./types.js";
 import { checkFilter, checkId, checkInteger, checkMetadata, checkNumber, checkOptionalId, checkRole, checkText, matches } from "./validate.js";
 
-export const SCHEMA_VERSION = 1;
+/** 2: records carry checksums (checked-records.ts); version 1 stores are read and marked 2 on open. */
+export const SCHEMA_VERSION = 2;
 const FORMAT = "dki-memory-store";
 const STORE_FILE = "store.lmdb";
 const INDEX_DIR = "index";
 /** What a store folder may hold besides the store file; anything else means it is someone else's folder. */
 const OWN_ENTRIES = new Set([STORE_FILE, `${STORE_FILE}-lock`, ".lock", INDEX_DIR]);
+/** A store file being created (or left by a creator that died): see createStoreFile. */
+const NEW_STORE_FILE = /^store\.lmdb\.\d+-[0-9a-f]+\.new(-lock)?$/;
 const DEFAULT_MAX_TEXT_CHARS = 10_000;
 const MAX_LIMIT = 1000;
 const EMBED_BATCH = 256;
@@ -84,6 +97,8 @@ export interface MemoryStoreOptions {
    * power before the OS writes it out; far faster for single writes.
    */
   durability?: "flush" | "commit";
+  /** How long a step that must run alone (re-embedding) waits for another process's to end (default 10,000 ms). */
+  exclusiveWaitMs?: number;
 }
 
 
@@ -133,6 +148,71 @@ interface SchemaRecord {
 
 type Key = string[];
 
+/** The store's LMDB tables. */
+interface Tables {
+  meta: Database<unknown, string>;
+  users: Database<UserRecord, string>;
+  sessions: Database<{ createdAt: number; updatedAt: number }, Key>;
+  memories: Database<Memory, Key>;
+  vectors: Database<Buffer, Key>;
+  prefs: Database<Preference, Key>;
+  turns: Database<ConversationTurn, Key>;
+  audit: Database<AuditEntry, Key>;
+  history: Database<string, Key>;
+  indexState: Database<SavedIndex, string>;
+  systemAudit: Database<AuditEntry, string>;
+}
+
+function openTables(env: RootDatabase, file: string): Tables {
+  const json = (name: string, plain = false) => ({ name, encoder: checkedJson(file, name, plain) });
+  return {
+    meta: env.openDB<unknown, string>(json("meta", true)),
+    users: env.openDB<UserRecord, string>(json("users")),
+    sessions: env.openDB<{ createdAt: number; updatedAt: number }, Key>(json("sessions")),
+    memories: env.openDB<Memory, Key>(json("memories")),
+    vectors: env.openDB<Buffer, Key>({ name: "vectors", encoding: "binary" }),
+    prefs: env.openDB<Preference, Key>(json("preferences")),
+    turns: env.openDB<ConversationTurn, Key>(json("turns")),
+    audit: env.openDB<AuditEntry, Key>(json("audit")),
+    history: env.openDB<string, Key>(json("history")),
+    indexState: env.openDB<SavedIndex, string>(json("index_state")),
+    systemAudit: env.openDB<AuditEntry, string>(json("system_audit")),
+  };
+}
+
+/** Inside a transaction: what makes an empty LMDB file a store. */
+function writeSchema(db: Tables, embedder: Embedder): void {
+  db.meta.putSync("schema", { format: FORMAT, version: SCHEMA_VERSION, createdAt: Date.now() } satisfies SchemaRecord);
+  db.meta.putSync("embedder", { id: embedder.id, dim: embedder.dim });
+}
+
+/**
+ * Makes a new store file under a name of this process's own and links it into place whole. LMDB
+ * creates its file empty and writes the meta pages after, so a process opening the store while
+ * another creates it would otherwise see an empty (refused) or half-written file. Of two
+ * processes creating at once, one link wins; the other's file is removed and the winner's opened.
+ */
+async function createStoreFile(dir: string, embedder: Embedder): Promise<void> {
+  const temp = join(dir, `${STORE_FILE}.${process.pid}-${randomBytes(6).toString("hex")}.new`);
+  try {
+    const env = openLmdb({ path: temp, maxDbs: 16 });
+    try {
+      const db = openTables(env, temp);
+      env.transactionSync(() => writeSchema(db, embedder));
+    } finally {
+      await env.close();
+    }
+    try {
+      linkSync(temp, join(dir, STORE_FILE));
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw new MemoryStoreError(`cannot create the memory store file in ${dir}: ${(e as Error).message}`);
+    }
+  } finally {
+    rmSync(temp, { force: true });
+    rmSync(`${temp}-lock`, { force: true });
+  }
+}
+
 /**
  * A key range holding every key that starts with `prefix`. In LMDB's key encoding (ordered-binary)
  * an array's elements are separated by a 0 byte, so [a, b, …] sorts just after [a] and before
@@ -154,16 +234,6 @@ function newId(kind: string): string {
   return `${kind}_${now.toString(36).padStart(9, "0")}${seq.toString(36).padStart(4, "0")}${randomBytes(5).toString("hex")}`;
 }
 
-function vectorBytes(v: Float32Array): Buffer {
-  return Buffer.from(v.buffer, v.byteOffset, v.byteLength);
-}
-
-function toVector(bytes: Uint8Array, dim: number): Float32Array {
-  // Copied: LMDB may hand out a view of a reused buffer.
-  const v = new Float32Array(dim);
-  new Uint8Array(v.buffer).set(bytes.subarray(0, dim * 4));
-  return v;
-}
 
 export class MemoryStore implements MemoryStoreApi {
   private closed = false;
@@ -178,20 +248,7 @@ export class MemoryStore implements MemoryStoreApi {
     readonly dir: string,
     readonly embedder: Embedder,
     private readonly env: RootDatabase,
-    private readonly db: {
-      meta: Database<unknown, string>;
-      users: Database<UserRecord, string>;
-      sessions: Database<{ createdAt: number; updatedAt: number }, Key>;
-      memories: Database<Memory, Key>;
-      vectors: Database<Buffer, Key>;
-      prefs: Database<Preference, Key>;
-      turns: Database<ConversationTurn, Key>;
-      audit: Database<AuditEntry, Key>;
-      history: Database<string, Key>;
-      indexState: Database<SavedIndex, string>;
-      systemAudit: Database<AuditEntry, string>;
-    },
-    private readonly lock: FolderLock,
+    private readonly db: Tables,
     readonly maxTextChars: number,
     private readonly fusion: Fusion | undefined,
     options: MemoryStoreOptions,
@@ -206,16 +263,23 @@ export class MemoryStore implements MemoryStoreApi {
       source: {
         generation: (userId) => this.db.users.get(userId)?.generation ?? 0,
         savedIndex: (userId) => this.db.indexState.get(userId),
-        indexesSaved: (saved) => {
+        indexesSaved: (saved) =>
           this.env.transactionSync(() => {
-            // Only users that still exist: an erased user's index must not come back as a record.
-            for (const [userId, state] of saved) if (this.db.users.get(userId) !== undefined) this.db.indexState.putSync(userId, state);
-          });
-        },
+            const outcomes = new Map<string, SaveOutcome>();
+            for (const [userId, state] of saved) {
+              const before = this.db.indexState.get(userId);
+              // Only users still at the saved generation: an erased user's index must not come
+              // back as a record, nor one another process has written past since.
+              const recorded = this.db.users.get(userId)?.generation === state.generation;
+              if (recorded) this.db.indexState.putSync(userId, state);
+              outcomes.set(userId, { recorded, before });
+            }
+            return outcomes;
+          }),
         documents: (userId) => this.documents(userId),
         vector: (userId, id) => {
           const bytes = this.db.vectors.getBinary([userId, id]);
-          return bytes === undefined ? undefined : toVector(bytes, this.embedder.dim);
+          return bytes === undefined ? undefined : this.toVector(bytes, userId, id);
         },
       },
     });
@@ -243,8 +307,9 @@ export class MemoryStore implements MemoryStoreApi {
 
   /**
    * Opens (or creates) the store in `dir`. Refuses, with a MemoryStoreError that says why, a
-   * folder that holds other files, a store file that is damaged or of another schema version, a
-   * store of another embedder (unless `reembed`), and a folder another store object has open.
+   * folder that holds other files, a store file that is empty, truncated, damaged (a
+   * StoreFileError) or of another schema version, and a store of another embedder (unless
+   * `reembed`). Other processes may have the same store open.
    */
   static async open(options: MemoryStoreOptions): Promise<MemoryStore> {
     if (typeof options?.dir !== "string" || options.dir === "") throw new DkiArgumentError("MemoryStore.open: dir must be a non-empty path");
@@ -252,6 +317,7 @@ export class MemoryStore implements MemoryStoreApi {
     const maxTextChars = checkInteger("maxTextChars", options.maxTextChars ?? DEFAULT_MAX_TEXT_CHARS, 1, 10_000_000);
     if (options.hnswFrom !== undefined) checkInteger("hnswFrom", options.hnswFrom, 0, Number.MAX_SAFE_INTEGER);
     if (options.maxLoadedIndexes !== undefined) checkInteger("maxLoadedIndexes", options.maxLoadedIndexes, 1, Number.MAX_SAFE_INTEGER);
+    const exclusiveWaitMs = checkInteger("exclusiveWaitMs", options.exclusiveWaitMs ?? 10_000, 0, 3_600_000);
     if (options.durability !== undefined && options.durability !== "flush" && options.durability !== "commit") throw new DkiArgumentError(`MemoryStore.open: durability must be "flush" or "commit", got ${JSON.stringify(options.durability)}`);
     if (options.fusion !== undefined) {
       try {
@@ -265,54 +331,42 @@ export class MemoryStore implements MemoryStoreApi {
       throw new DkiArgumentError(`MemoryStore.open: the embedder needs a non-empty id and a positive integer dim, got id ${JSON.stringify(embedder.id)}, dim ${embedder.dim}`);
     }
     checkForeign(dir);
-    const existed = existsSync(join(dir, STORE_FILE));
-    if (existed) checkLmdbFile(join(dir, STORE_FILE));
-    let lock: FolderLock;
-    try {
-      lock = await FolderLock.acquire(dir);
-    } catch (e) {
-      if (e instanceof FolderLockedError) throw new MemoryStoreError(`the memory store ${dir} is already open (one MemoryStore per folder): ${e.message}`);
-      throw e;
-    }
+    const file = join(dir, STORE_FILE);
+    if (!existsSync(file)) await createStoreFile(dir, embedder);
+    checkLmdbFile(file, "memory store");
     let env: RootDatabase | undefined;
     try {
       try {
         // noSync: LMDB commits without fsync; the commit is in the OS's page cache, which a killed
         // process cannot lose, but a power cut can.
-        env = openLmdb({ path: join(dir, STORE_FILE), maxDbs: 16, noSync: options.durability === "commit" });
+        env = openLmdb({ path: file, maxDbs: 16, noSync: options.durability === "commit" });
       } catch (e) {
-        throw new MemoryStoreError(`${join(dir, STORE_FILE)} is not a readable memory store (damaged, or not an LMDB file): ${(e as Error).message}`);
+        throw new MemoryStoreError(`${file} is not a readable memory store (damaged, or not an LMDB file): ${(e as Error).message}`);
       }
-      const json = { encoding: "json" } as const;
-      const db = {
-        meta: env.openDB<unknown, string>({ name: "meta", ...json }),
-        users: env.openDB<UserRecord, string>({ name: "users", ...json }),
-        sessions: env.openDB<{ createdAt: number; updatedAt: number }, Key>({ name: "sessions", ...json }),
-        memories: env.openDB<Memory, Key>({ name: "memories", ...json }),
-        vectors: env.openDB<Buffer, Key>({ name: "vectors", encoding: "binary" }),
-        prefs: env.openDB<Preference, Key>({ name: "preferences", ...json }),
-        turns: env.openDB<ConversationTurn, Key>({ name: "turns", ...json }),
-        audit: env.openDB<AuditEntry, Key>({ name: "audit", ...json }),
-        history: env.openDB<string, Key>({ name: "history", ...json }),
-        indexState: env.openDB<SavedIndex, string>({ name: "index_state", ...json }),
-        systemAudit: env.openDB<AuditEntry, string>({ name: "system_audit", ...json }),
-      };
-      const file = join(dir, STORE_FILE);
-      const schema = db.meta.get("schema") as SchemaRecord | undefined;
+      const db = openTables(env, file);
+      let schema = db.meta.get("schema") as SchemaRecord | undefined;
       if (schema === undefined) {
-        if (existed && db.memories.getKeysCount() + db.users.getKeysCount() > 0) throw new MemoryStoreError(`${file} holds data but no schema record: not a dki memory store, left untouched`);
+        // An empty LMDB file (an older dki-engine made the file first and wrote its schema after).
+        if (db.memories.getKeysCount() + db.users.getKeysCount() > 0) throw new MemoryStoreError(`${file} holds data but no schema record: not a dki memory store, left untouched`);
         env.transactionSync(() => {
-          db.meta.putSync("schema", { format: FORMAT, version: SCHEMA_VERSION, createdAt: Date.now() } satisfies SchemaRecord);
-          db.meta.putSync("embedder", { id: embedder.id, dim: embedder.dim });
+          if (db.meta.get("schema") === undefined) writeSchema(db, embedder);
         });
-      } else if (schema.format !== FORMAT) {
+        schema = db.meta.get("schema") as SchemaRecord;
+      }
+      if (schema.format !== FORMAT) {
         throw new MemoryStoreError(`${file} is a ${JSON.stringify(schema.format)} file, not a dki memory store; left untouched`);
+      } else if (schema.version === 1) {
+        // Version 1 differs only in records without checksums, which this one still reads.
+        env.transactionSync(() => {
+          const now = db.meta.get("schema") as SchemaRecord;
+          if (now.version === 1) db.meta.putSync("schema", { ...now, version: SCHEMA_VERSION } satisfies SchemaRecord);
+        });
       } else if (schema.version !== SCHEMA_VERSION) {
         throw new MemoryStoreError(
           `${file} has schema version ${schema.version}; this dki-engine reads version ${SCHEMA_VERSION} and has no migration from ${schema.version}${schema.version > SCHEMA_VERSION ? " (it was written by a newer dki-engine)" : ""}; left untouched`,
         );
       }
-      const store = new MemoryStore(dir, embedder, env, db, lock, maxTextChars, options.fusion, options);
+      const store = new MemoryStore(dir, embedder, env, db, maxTextChars, options.fusion, options);
       const stored = db.meta.get("embedder") as { id: string; dim: number };
       if (stored.id !== embedder.id || stored.dim !== embedder.dim) {
         if (options.reembed !== true) {
@@ -320,12 +374,11 @@ export class MemoryStore implements MemoryStoreApi {
             `${dir}: its vectors were made by embedder ${stored.id} (${stored.dim} dimensions), not ${embedder.id} (${embedder.dim}); open it with that embedder (CLI: --embedder DIR for an ONNX model), or with reembed: true (CLI: --reembed) to re-embed every memory`,
           );
         }
-        await store.reembedAll(stored, options.onProgress);
+        await store.reembedAlone(exclusiveWaitMs, options.onProgress);
       }
       return store;
     } catch (e) {
       await env?.close();
-      lock.release();
       throw e;
     }
   }
@@ -354,21 +407,24 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const now = Date.now();
     const records: Memory[] = items.map((i) => ({ id: newId("mem"), userId, ...(i.sessionId === undefined ? {} : { sessionId: i.sessionId }), text: i.text, metadata: i.metadata, createdAt: now, updatedAt: now, active: true }));
+    // Before the index loads vectors: another process may have re-embedded the store.
+    this.checkEmbedder();
     // Opened before the commit, so a load (or rebuild) cannot see this write and then get it again.
     this.index.open(userId);
     const sessions = new Set(records.map((m) => m.sessionId));
     const generation = this.env.transactionSync(() => {
+      this.checkEmbedder();
       const g = this.bumpUser(userId, now);
       for (const s of sessions) if (s !== undefined) this.touchSession(userId, s, now);
       records.forEach((m, i) => {
         this.db.memories.putSync([userId, m.id], m);
-        this.db.vectors.putSync([userId, m.id], vectorBytes(vectors[i]));
+        this.db.vectors.putSync([userId, m.id], checkedVectorBytes(vectors[i]));
       });
       const sessionId = sessions.size === 1 ? records[0].sessionId : undefined;
       this.writeAudit({ action: "memory_add", userId, sessionId, memoryIds: records.map((m) => m.id), metadata: {} }, now);
       return g;
     });
-    this.indexed(userId, () => this.index.put(userId, records.map((m, i) => ({ id: m.id, text: m.text, at: m.updatedAt, vector: vectors[i] })), generation));
+    this.indexed(userId, () => this.index.put(userId, records.map((m, i) => ({ id: m.id, text: m.text, at: m.updatedAt, vector: vectors[i] })), generation.next, generation.previous));
     return records;
   }
 
@@ -400,6 +456,10 @@ export class MemoryStore implements MemoryStoreApi {
     if (opts.now !== undefined) checkNumber("now", opts.now, 0, Number.MAX_SAFE_INTEGER);
     const [vector] = await this.embed([query]);
     this.checkOpen();
+    // lmdb-js reads from a snapshot taken once per event-loop turn: a search reads the latest
+    // commit of every process, and with it the user's generation its index must be at.
+    this.env.resetReadTxn();
+    this.checkEmbedder();
     if (this.db.users.get(userId) === undefined) return [];
     const accept =
       sessionId === undefined && filter === undefined
@@ -412,7 +472,7 @@ export class MemoryStore implements MemoryStoreApi {
     const results: SearchResult[] = [];
     for (const h of hits) {
       // Always there: the index only ever holds what a committed transaction wrote for this user.
-      const memory = this.db.memories.get([userId, h.id]);
+      const memory = this.own(this.db.memories.get([userId, h.id]), userId, h.id);
       if (memory === undefined) throw new MemoryStoreError(`${this.dir}: the index of user ${JSON.stringify(userId)} names memory ${h.id}, which the store does not hold`);
       results.push({ memory, score: h.score, signals: h.signals });
     }
@@ -423,7 +483,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
     checkId("id", id);
-    return this.db.memories.get([userId, id]);
+    return this.own(this.db.memories.get([userId, id]), userId, id);
   }
 
   private getAllMemories(opts: { userId: string; sessionId?: string; filter?: Filter }): Memory[] {
@@ -432,7 +492,8 @@ export class MemoryStore implements MemoryStoreApi {
     const sessionId = checkOptionalId("sessionId", opts.sessionId);
     const filter = opts.filter === undefined ? undefined : checkFilter(opts.filter);
     const out: Memory[] = [];
-    for (const { value } of this.db.memories.getRange(prefixRange([userId]))) {
+    for (const { key, value } of this.db.memories.getRange(prefixRange([userId]))) {
+      this.own(value, userId, key[1]);
       if (sessionId !== undefined && value.sessionId !== sessionId) continue;
       if (filter !== undefined && !matches(filter, value.metadata)) continue;
       out.push(value);
@@ -447,19 +508,21 @@ export class MemoryStore implements MemoryStoreApi {
     this.mustGetMemory(id, userId);
     const [vector] = await this.embed([text]);
     this.checkOpen();
+    this.checkEmbedder();
     this.index.open(userId);
     const now = Date.now();
     const { updated, generation } = this.env.transactionSync(() => {
       // Read again inside the transaction: it may have been deleted while the text was embedded.
       const before = this.mustGetMemory(id, userId);
+      this.checkEmbedder();
       const updated: Memory = { ...before, text, updatedAt: now };
       const generation = this.bumpUser(userId, now);
       this.db.memories.putSync([userId, id], updated);
-      this.db.vectors.putSync([userId, id], vectorBytes(vector));
+      this.db.vectors.putSync([userId, id], checkedVectorBytes(vector));
       this.writeAudit({ action: "memory_update", userId, sessionId: before.sessionId, memoryIds: [id], metadata: { previousText: before.text, text } }, now);
       return { updated, generation };
     });
-    this.indexed(userId, () => this.index.put(userId, [{ id, text, at: now, vector }], generation));
+    this.indexed(userId, () => this.index.put(userId, [{ id, text, at: now, vector }], generation.next, generation.previous));
     return updated;
   }
 
@@ -467,6 +530,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
     this.mustGetMemory(id, userId);
+    this.checkEmbedder();
     this.index.open(userId);
     const now = Date.now();
     const generation = this.env.transactionSync(() => {
@@ -478,7 +542,7 @@ export class MemoryStore implements MemoryStoreApi {
       this.writeAudit({ action: "memory_delete", userId, sessionId: before.sessionId, memoryIds: [id], metadata: {} }, now);
       return g;
     });
-    this.indexed(userId, () => this.index.remove(userId, [id], generation));
+    this.indexed(userId, () => this.index.remove(userId, [id], generation.next, generation.previous));
   }
 
   private memoryHistory(id: string, scope: { userId: string }): AuditEntry[] {
@@ -495,7 +559,7 @@ export class MemoryStore implements MemoryStoreApi {
 
   private mustGetMemory(id: string, userId: string): Memory {
     checkId("id", id);
-    const m = this.db.memories.get([userId, id]);
+    const m = this.own(this.db.memories.get([userId, id]), userId, id);
     if (m === undefined) throw new MemoryNotFoundError("memory", id, userId);
     return m;
   }
@@ -520,7 +584,7 @@ export class MemoryStore implements MemoryStoreApi {
     this.checkOpen();
     const userId = checkId("userId", scope?.userId);
     const out: Preference[] = [];
-    for (const { value } of this.db.prefs.getRange(prefixRange([userId]))) if (value.active || scope.includeInactive === true) out.push(value);
+    for (const { key, value } of this.db.prefs.getRange(prefixRange([userId]))) if (this.own(value, userId, key[1]).active || scope.includeInactive === true) out.push(value);
     return out.sort((a, b) => Number(b.active) - Number(a.active) || b.priority - a.priority || a.createdAt - b.createdAt || (a.id < b.id ? -1 : 1));
   }
 
@@ -661,6 +725,9 @@ export class MemoryStore implements MemoryStoreApi {
       const auditEntries = removeAll(this.db.audit);
       removeAll(this.db.history);
       removeAll(this.db.sessions);
+      // The counter stays past the erased user's generation, so the user, written again, starts above it.
+      const generation = this.db.users.get(userId)?.generation ?? 0;
+      if (generation > this.lastGeneration()) this.db.meta.putSync("generation", generation);
       this.db.users.removeSync(userId);
       this.db.indexState.removeSync(userId);
       const erased = { memories, preferences, turns, auditEntries };
@@ -693,6 +760,7 @@ export class MemoryStore implements MemoryStoreApi {
   checkIndexes(): RebuildReport[] {
     this.checkOpen();
     const before = this.index.rebuilds.length;
+    this.checkEmbedder();
     for (const userId of this.db.users.getKeys()) this.index.open(userId);
     return this.index.rebuilds.slice(before);
   }
@@ -731,11 +799,27 @@ export class MemoryStore implements MemoryStoreApi {
       this.index.close();
     } finally {
       await this.env.close();
-      this.lock.release();
     }
   }
 
   // ---- internals ----
+
+  /**
+   * A record read under key [userId, id], checked to be that record: its checksum covers its
+   * bytes but not its key, and a damaged key must not hand one user's record to another.
+   */
+  private own<T extends { id: string; userId: string }>(record: T, userId: string, id: string): T;
+  private own<T extends { id: string; userId: string }>(record: T | undefined, userId: string, id: string): T | undefined;
+  private own<T extends { id: string; userId: string }>(record: T | undefined, userId: string, id: string): T | undefined {
+    if (record !== undefined && (record.userId !== userId || record.id !== id)) {
+      throw new StoreFileError(join(this.dir, STORE_FILE), "memory store", `is damaged: the record filed as ${id} of user ${JSON.stringify(userId)} is ${record.id} of user ${JSON.stringify(record.userId)}`);
+    }
+    return record;
+  }
+
+  private toVector(bytes: Uint8Array, userId: string, id: string): Float32Array {
+    return readCheckedVector(bytes, this.embedder.dim, join(this.dir, STORE_FILE), `memory ${id} of user ${JSON.stringify(userId)}`);
+  }
 
   private checkOpen(): void {
     if (this.closed) throw new MemoryStoreError(`the memory store ${this.dir} is closed`);
@@ -769,12 +853,30 @@ export class MemoryStore implements MemoryStoreApi {
     }
   }
 
-  /** Inside a transaction: creates the user if new and bumps its generation (index content changes). */
-  private bumpUser(userId: string, now: number): number {
+  /**
+   * Inside a transaction: creates the user if new and moves its generation on (index content
+   * changes) to the store-wide counter's next value; returns the generation before and after.
+   */
+  private bumpUser(userId: string, now: number): { previous: number; next: number } {
     const u = this.db.users.get(userId) ?? { createdAt: now, generation: 0 };
-    const next = { ...u, generation: u.generation + 1 };
-    this.db.users.putSync(userId, next);
-    return next.generation;
+    // Stores written before the counter existed hold per-user generations only: above both.
+    const next = Math.max(u.generation, this.lastGeneration()) + 1;
+    this.db.meta.putSync("generation", next);
+    this.db.users.putSync(userId, { ...u, generation: next });
+    return { previous: u.generation, next };
+  }
+
+  /** The last generation handed out in this store. */
+  private lastGeneration(): number {
+    return (this.db.meta.get("generation") as number | undefined) ?? 0;
+  }
+
+  /** Refuses to write or search vectors of this embedder once another process re-embedded the store with another. */
+  private checkEmbedder(): void {
+    const stored = this.db.meta.get("embedder") as { id: string; dim: number };
+    if (stored.id !== this.embedder.id || stored.dim !== this.embedder.dim) {
+      throw new MemoryStoreError(`${this.dir} was re-embedded with embedder ${stored.id} (${stored.dim} dimensions) by another process since this one opened it with ${this.embedder.id}; reopen it with that embedder`);
+    }
   }
 
   private ensureUser(userId: string, now: number): void {
@@ -803,33 +905,67 @@ export class MemoryStore implements MemoryStoreApi {
 
   private *documents(userId: string): Iterable<IndexedDocument> {
     for (const { key, value } of this.db.memories.getRange(prefixRange([userId]))) {
+      this.own(value, userId, key[1]);
       const bytes = this.db.vectors.getBinary(key);
-      if (bytes === undefined) throw new MemoryStoreError(`${this.dir}: memory ${value.id} of user ${JSON.stringify(userId)} has no vector in the store`);
-      yield { id: value.id, text: value.text, at: value.updatedAt, vector: toVector(bytes, this.embedder.dim) };
+      if (bytes === undefined) throw new StoreFileError(join(this.dir, STORE_FILE), "memory store", `is damaged: memory ${value.id} of user ${JSON.stringify(userId)} has no vector`);
+      yield { id: value.id, text: value.text, at: value.updatedAt, vector: this.toVector(bytes, userId, value.id) };
     }
   }
 
-  /** Re-embeds every memory with this store's embedder, then switches the store over in one transaction. */
-  private async reembedAll(previous: { id: string; dim: number }, onProgress?: (done: number, total: number) => void): Promise<void> {
-    const all = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
-    const vectors: Float32Array[] = [];
-    onProgress?.(0, all.length);
-    for (let i = 0; i < all.length; i += EMBED_BATCH) {
-      vectors.push(...(await this.embed(all.slice(i, i + EMBED_BATCH).map((m) => m.text))));
-      onProgress?.(vectors.length, all.length);
+  /**
+   * Re-embeds every memory, holding the folder's lock so that two processes never re-embed one
+   * store at once; waits at most `waitMs` for another process's re-embedding to end.
+   */
+  private async reembedAlone(waitMs: number, onProgress?: (done: number, total: number) => void): Promise<void> {
+    const lock = await acquireAlone(this.dir, "re-embedded", waitMs);
+    try {
+      const stored = this.db.meta.get("embedder") as { id: string; dim: number };
+      // The process waited for may have re-embedded it with this very embedder.
+      if (stored.id === this.embedder.id && stored.dim === this.embedder.dim) return;
+      await this.reembedAll(stored, onProgress);
+    } finally {
+      lock.release();
     }
-    const now = Date.now();
-    this.env.transactionSync(() => {
-      // Vectors of the previous embedder must not survive anywhere, so the whole table is rewritten.
-      for (const key of [...this.db.vectors.getKeys()]) this.db.vectors.removeSync(key);
-      all.forEach((m, i) => this.db.vectors.putSync(m.key, vectorBytes(vectors[i])));
-      for (const userId of this.db.users.getKeys()) this.bumpUser(userId, now);
-      for (const key of [...this.db.indexState.getKeys()]) this.db.indexState.removeSync(key);
-      this.db.meta.putSync("embedder", { id: this.embedder.id, dim: this.embedder.dim });
-      this.writeSystemAudit({ action: "store_reembed", userId: "", memoryIds: [], metadata: { from: previous.id, to: this.embedder.id, memories: all.length } }, now);
-    });
-    rmSync(join(this.dir, INDEX_DIR), { recursive: true, force: true });
-    mkdirSync(join(this.dir, INDEX_DIR), { recursive: true });
+  }
+
+  /**
+   * Re-embeds every memory with this store's embedder, then switches the store over in one
+   * transaction. Other processes may add memories (with the previous embedder) while this one
+   * embeds: the switch then finds memories it has no vector for and embeds those too, until a
+   * switch finds none; after it, their writes are refused (checkEmbedder).
+   */
+  private async reembedAll(previous: { id: string; dim: number }, onProgress?: (done: number, total: number) => void): Promise<void> {
+    const done = new Map<string, { text: string; vector: Float32Array }>();
+    const keyOf = (key: Key) => JSON.stringify(key);
+    for (let round = 0; ; round++) {
+      const all = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
+      const todo = all.filter((m) => done.get(keyOf(m.key))?.text !== m.text);
+      if (round === 0) onProgress?.(0, todo.length);
+      for (let i = 0; i < todo.length; i += EMBED_BATCH) {
+        const batch = todo.slice(i, i + EMBED_BATCH);
+        const vectors = await this.embed(batch.map((m) => m.text));
+        batch.forEach((m, j) => done.set(keyOf(m.key), { text: m.text, vector: vectors[j] }));
+        if (round === 0) onProgress?.(Math.min(i + EMBED_BATCH, todo.length), todo.length);
+      }
+      const now = Date.now();
+      const switched = this.env.transactionSync(() => {
+        const current = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
+        if (current.some((m) => done.get(keyOf(m.key))?.text !== m.text)) return false;
+        // Vectors of the previous embedder must not survive anywhere, so the whole table is rewritten.
+        for (const key of [...this.db.vectors.getKeys()]) this.db.vectors.removeSync(key);
+        for (const m of current) this.db.vectors.putSync(m.key, checkedVectorBytes(done.get(keyOf(m.key))!.vector));
+        for (const userId of this.db.users.getKeys()) this.bumpUser(userId, now);
+        for (const key of [...this.db.indexState.getKeys()]) this.db.indexState.removeSync(key);
+        this.db.meta.putSync("embedder", { id: this.embedder.id, dim: this.embedder.dim });
+        this.writeSystemAudit({ action: "store_reembed", userId: "", memoryIds: [], metadata: { from: previous.id, to: this.embedder.id, memories: current.length } }, now);
+        return true;
+      });
+      if (switched) break;
+      if (round >= 10) throw new MemoryStoreError(`${this.dir}: other processes kept adding memories while it was re-embedded (10 rounds); stop them and open it again with reembed`);
+    }
+    // The files of the previous vectors; the folder stays, other processes may be saving into it.
+    const indexDir = join(this.dir, INDEX_DIR);
+    for (const f of readdirSync(indexDir)) rmSync(join(indexDir, f), { force: true });
   }
 
   // ---- for the CLI's read commands and `dki stats` ----
@@ -851,6 +987,32 @@ export class MemoryStore implements MemoryStoreApi {
   }
 }
 
+/**
+ * Takes the folder's lock for a step that must run alone, waiting up to `waitMs` for a process
+ * that holds it; the refusal names that process and what it is doing.
+ */
+async function acquireAlone(dir: string, activity: string, waitMs: number): Promise<FolderLock> {
+  const start = Date.now();
+  for (;;) {
+    try {
+      return await FolderLock.acquire(dir);
+    } catch (e) {
+      if (!(e instanceof FolderLockedError)) throw e;
+      if (Date.now() - start >= waitMs) {
+        let holder = Number.NaN;
+        try {
+          holder = Number.parseInt(readFileSync(join(dir, ".lock"), "utf8"), 10);
+        } catch {
+          // named as "another process" below
+        }
+        const who = Number.isInteger(holder) && holder > 0 ? `process ${holder}` : "another process";
+        throw new MemoryStoreError(`the memory store ${dir} is being ${activity} by ${who}; waited ${(waitMs / 1000).toFixed(waitMs % 1000 === 0 ? 0 : 1)} s. Try again when it is done`);
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
 /** How an erasure's audit row names the user: a salted hash, so the log proves the erasure without keeping the id. */
 export function erasedUserId(userId: string): string {
   return "erased:" + createHash("sha256").update("dki-memory-erased-user/v1\0").update(userId, "utf8").digest("hex").slice(0, 32);
@@ -867,35 +1029,10 @@ function checkForeign(dir: string): void {
     mkdirSync(dir, { recursive: true });
     return;
   }
-  const foreign = entries.filter((e) => !OWN_ENTRIES.has(e));
+  const foreign = entries.filter((e) => !OWN_ENTRIES.has(e) && !NEW_STORE_FILE.test(e));
   if (foreign.length > 0) {
     const shown = foreign.slice(0, 3).join(", ") + (foreign.length > 3 ? `, … (${foreign.length} in all)` : "");
     throw new MemoryStoreError(`${dir} is not a memory store folder: it holds ${shown}; use an empty or new folder`);
-  }
-}
-
-// LMDB trusts its file: handed a damaged one it may crash the process rather than fail. Its first
-// page is a meta page with this magic number and data version at fixed offsets, so a file that is
-// not LMDB's is refused before LMDB sees it. (An empty file is what LMDB itself leaves when a
-// create is interrupted; it initialises it.)
-const LMDB_MAGIC = 0xbeefc0de;
-const LMDB_MAGIC_OFFSET = 24;
-const LMDB_DATA_VERSION = 2;
-
-function checkLmdbFile(file: string): void {
-  const size = statSync(file).size;
-  if (size === 0) return;
-  const head = Buffer.alloc(LMDB_MAGIC_OFFSET + 8);
-  const fd = openSync(file, "r");
-  try {
-    readSync(fd, head, 0, head.length, 0);
-  } finally {
-    closeSync(fd);
-  }
-  const magic = size >= head.length ? head.readUInt32LE(LMDB_MAGIC_OFFSET) : 0;
-  const version = size >= head.length ? head.readUInt32LE(LMDB_MAGIC_OFFSET + 4) : 0;
-  if (magic !== LMDB_MAGIC || version !== LMDB_DATA_VERSION) {
-    throw new MemoryStoreError(`${file} is not a readable memory store: it is damaged or not an LMDB file (no LMDB header); left untouched`);
   }
 }
 

@@ -15,6 +15,14 @@
 // Index files are written some time after a write (flushDelayMs) and at close(), not on every
 // write: a crash in between leaves an older generation on disk, which the next open rebuilds.
 //
+// Several processes (or several owners in one process) may share one store. Each keeps its own
+// loaded scopes, so a loaded scope is only used while the owner's generation still matches it:
+// every open and search reads the generation (one cheap read) and reloads a scope another writer
+// moved on or erased. A write is applied to the loaded scope only if it was at the generation
+// just before that write (`previous`), else the scope is dropped and reloaded on its next use. A
+// save is recorded by the owner only if the scope is still at the saved generation; files a
+// record replaced, or that were not recorded, are deleted.
+//
 // A small scope (fewer than hnswFrom documents, default 1000) is searched exactly by a scan
 // (flat-index.ts says why: hnswlib's per-index overhead) and has no index files: it is loaded
 // from the owner's documents, which is what a rebuild would do anyway. A scope that reaches
@@ -51,8 +59,11 @@ export interface ScopeSource {
   /** The scope's current generation (0 for a scope never written). */
   generation(scope: string): number;
   savedIndex(scope: string): SavedIndex | undefined;
-  /** Records what the scopes' files now hold (called after they are written; one call per flush). */
-  indexesSaved(saved: ReadonlyMap<string, SavedIndex>): void;
+  /**
+   * Records what the scopes' files now hold (called after they are written; one call per flush),
+   * for each scope still at the saved generation, and says per scope what is recorded now.
+   */
+  indexesSaved(saved: ReadonlyMap<string, SavedIndex>): ReadonlyMap<string, SaveOutcome>;
   /** Every live document of the scope, for a rebuild. */
   documents(scope: string): Iterable<IndexedDocument>;
   /**
@@ -61,6 +72,13 @@ export interface ScopeSource {
    * which costs more than the whole graph search.
    */
   vector?(scope: string, id: string): Float32Array | undefined;
+}
+
+/** What the owner made of one saved scope: recorded or not, and the record it holds now and held before. */
+export interface SaveOutcome {
+  recorded: boolean;
+  /** The owner's record before this save (undefined: none). */
+  before: SavedIndex | undefined;
 }
 
 export interface RebuildReport {
@@ -148,9 +166,13 @@ export class ScopedHybridIndex {
     this.scopeOf(scope);
   }
 
-  /** Adds or replaces documents after the owner committed them at `generation`. */
-  put(scope: string, docs: readonly IndexedDocument[], generation: number): void {
-    const s = this.scopeOf(scope);
+  /**
+   * Adds or replaces documents after the owner committed them at `generation`; `previous` is the
+   * scope's generation just before that write (unknown: the loaded scope is taken to be it).
+   */
+  put(scope: string, docs: readonly IndexedDocument[], generation: number, previous?: number): void {
+    const s = this.current(scope, previous);
+    if (s === undefined) return;
     for (const d of docs) {
       s.vectors.add(d.id, d.vector);
       s.bm25.add(d.id, this.terms(d.text));
@@ -164,9 +186,10 @@ export class ScopedHybridIndex {
     this.changed(s, generation);
   }
 
-  /** Removes documents after the owner committed their removal at `generation`. */
-  remove(scope: string, ids: readonly string[], generation: number): void {
-    const s = this.scopeOf(scope);
+  /** Removes documents after the owner committed their removal at `generation` (`previous` as for put). */
+  remove(scope: string, ids: readonly string[], generation: number, previous?: number): void {
+    const s = this.current(scope, previous);
+    if (s === undefined) return;
     for (const id of ids) {
       s.vectors.remove(id);
       s.bm25.remove(id);
@@ -183,7 +206,7 @@ export class ScopedHybridIndex {
   /** Forgets a scope and deletes its files (the owner erases its record of them). */
   drop(scope: string): void {
     this.scopes.delete(scope);
-    VectorIndex.remove(this.base(scope));
+    VectorIndex.removeAll(this.base(scope));
   }
 
   search(scope: string, query: HybridQuery, options: HybridSearchOptions): HybridHit[] {
@@ -229,13 +252,30 @@ export class ScopedHybridIndex {
     try {
       for (const [scope, s] of this.scopes) {
         if (!s.dirty || !(s.vectors instanceof VectorIndex)) continue;
-        saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
+        // Moved on by another writer (or erased): this scope is stale and reloads on its next use.
+        if (this.options.source.generation(scope) === s.generation) saved.set(scope, { generation: s.generation, checksum: s.vectors.save(this.base(scope)) });
         s.dirty = false;
       }
     } finally {
       // What was written is recorded even if a later save failed (a full disk): the others stay
       // dirty and are tried again, and until then their older files read as stale, not as current.
-      if (saved.size > 0) this.options.source.indexesSaved(saved);
+      if (saved.size > 0) this.recordSaved(saved);
+    }
+  }
+
+  /** Has the owner record the saved files, then deletes the files no record names any more. */
+  private recordSaved(saved: ReadonlyMap<string, SavedIndex>): void {
+    const outcomes = this.options.source.indexesSaved(saved);
+    for (const [scope, ours] of saved) {
+      const outcome = outcomes.get(scope);
+      if (outcome === undefined) continue;
+      // Not recorded: another writer moved the scope on or erased it meanwhile. Recorded: the
+      // record's previous files are no one's now. (Same checksum, same files: kept.)
+      const unused = outcome.recorded ? outcome.before?.checksum : ours.checksum;
+      const now = outcome.recorded ? ours.checksum : outcome.before?.checksum;
+      if (unused !== undefined && unused !== now && /^[0-9a-f]{64}$/.test(unused)) VectorIndex.remove(this.base(scope), unused);
+      // Files an older version saved without the checksum in their names are no one's either.
+      if (outcome.recorded) VectorIndex.remove(this.base(scope));
     }
   }
 
@@ -288,10 +328,28 @@ export class ScopedHybridIndex {
     }
   }
 
+  /**
+   * The loaded scope a write at `previous` applies to, or undefined when there is nothing to apply
+   * it to: not loaded (its next load reads the write from the owner), or loaded at another
+   * generation, which means another writer came in between, so it is dropped to be reloaded.
+   */
+  private current(scope: string, previous: number | undefined): Scope | undefined {
+    if (this.closed) throw new Error("the index is closed");
+    const s = this.scopes.get(scope);
+    if (s !== undefined && previous !== undefined && s.generation !== previous) {
+      this.scopes.delete(scope);
+      return undefined;
+    }
+    return s;
+  }
+
   private scopeOf(scope: string): Scope {
     if (this.closed) throw new Error("the index is closed");
     const cached = this.scopes.get(scope);
-    if (cached !== undefined) {
+    // Another writer (another process, or another owner object here) may have moved the scope on
+    // since it was loaded: then it is loaded again, from the files that writer saved or the documents.
+    if (cached !== undefined && cached.generation !== this.options.source.generation(scope)) this.scopes.delete(scope);
+    else if (cached !== undefined) {
       // Map order is the recency order: the least recently used scope comes first.
       this.scopes.delete(scope);
       this.scopes.set(scope, cached);

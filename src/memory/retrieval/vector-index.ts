@@ -1,13 +1,17 @@
 // One cosine HNSW index (hnswlib-node) over string ids, for one scope (a user, a collection).
 // hnswlib works with integer labels; this class hands them out and keeps the label ↔ id map.
 //
-// On disk an index is two files written beside each other: `<base>.hnsw` (hnswlib's own format)
-// and `<base>.ids.json` (the label map). Each is written to a temporary name and renamed, and
-// save() returns a checksum of both. The owner keeps that checksum in its store and passes it to
-// load(), which refuses files that do not match before hnswlib reads them: hnswlib trusts its
-// input, and a damaged file could make it read out of bounds instead of failing.
-import { createHash } from "node:crypto";
-import { readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+// On disk an index is two files written beside each other: `<base>-<c>.hnsw` (hnswlib's own
+// format) and `<base>-<c>.ids.json` (the label map), where <c> starts their checksum. Each is
+// written to a temporary name of its own and renamed, and save() returns the checksum of both. The
+// owner keeps that checksum in its store and passes it to load(), which refuses files that do not
+// match before hnswlib reads them: hnswlib trusts its input, and a damaged file could make it read
+// out of bounds instead of failing. Naming the files by their content makes a saved pair
+// immutable: two processes saving the same scope at once write different names (or the same
+// bytes), so neither can leave the other's .hnsw beside its own .ids.json.
+import { createHash, randomBytes } from "node:crypto";
+import { readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
 import hnswlib from "hnswlib-node";
 import type { DenseHit, DenseIndex } from "./flat-index.js";
 
@@ -73,7 +77,8 @@ export class VectorIndex implements DenseIndex {
    * returned). Throws IndexFileError when a file is missing, damaged or does not match.
    */
   static load(base: string, dim: number, checksum: string, options: VectorIndexOptions = {}): VectorIndex {
-    const { hnswPath, idsPath } = paths(base);
+    if (!/^[0-9a-f]{64}$/.test(checksum)) throw new IndexFileError("corrupt", `the checksum recorded for index ${base} is not a SHA-256 hex digest`);
+    const { hnswPath, idsPath } = paths(base, checksum);
     let hnswBytes: Buffer;
     let idsBytes: Buffer;
     try {
@@ -168,30 +173,55 @@ export class VectorIndex implements DenseIndex {
     return neighbors.map((label, i) => ({ id: this.idOf.get(label)!, similarity: 1 - distances[i] }));
   }
 
-  /** Writes both files atomically (temporary name, then rename) and returns their checksum. */
+  /** Writes both files atomically (a temporary name of this call's own, then rename) and returns their checksum. */
   save(base: string): string {
-    const { hnswPath, idsPath } = paths(base);
     const ids: IdsFile = { format: IDS_FORMAT, dim: this.dim, labels: [...this.idOf], nextLabel: this.nextLabel, deleted: this.deletedSlots };
     const idsBytes = Buffer.from(JSON.stringify(ids));
-    const tmp = `${hnswPath}.${process.pid}.tmp`;
-    this.hnsw.writeIndexSync(tmp);
-    const hnswBytes = readFileSync(tmp);
-    renameSync(tmp, hnswPath);
-    writeFileSync(`${idsPath}.${process.pid}.tmp`, idsBytes);
-    renameSync(`${idsPath}.${process.pid}.tmp`, idsPath);
-    return checksumOf(hnswBytes, idsBytes);
+    const tmp = `${base}.${process.pid}-${randomBytes(6).toString("hex")}.tmp`;
+    try {
+      this.hnsw.writeIndexSync(tmp);
+      const hnswBytes = readFileSync(tmp);
+      const checksum = checksumOf(hnswBytes, idsBytes);
+      const { hnswPath, idsPath } = paths(base, checksum);
+      // The label map first: a pair is only loaded by its .hnsw's checksum, which covers both.
+      writeFileSync(`${tmp}.ids`, idsBytes);
+      renameSync(`${tmp}.ids`, idsPath);
+      renameSync(tmp, hnswPath);
+      return checksum;
+    } finally {
+      rmSync(tmp, { force: true });
+      rmSync(`${tmp}.ids`, { force: true });
+    }
   }
 
-  /** Deletes the files of an index saved at `base` (missing files are fine). */
-  static remove(base: string): void {
-    const { hnswPath, idsPath } = paths(base);
+  /**
+   * Deletes the files of the index saved at `base` with `checksum` (missing files are fine);
+   * without a checksum, those of the layout before file names carried it (`<base>.hnsw`).
+   */
+  static remove(base: string, checksum?: string): void {
+    const { hnswPath, idsPath } = checksum === undefined ? { hnswPath: `${base}.hnsw`, idsPath: `${base}.ids.json` } : paths(base, checksum);
     rmSync(hnswPath, { force: true });
     rmSync(idsPath, { force: true });
   }
+
+  /** Deletes every index file saved at `base`, whatever its checksum, and any left by an interrupted save. */
+  static removeAll(base: string): void {
+    const dir = dirname(base);
+    const name = basename(base);
+    let entries: string[];
+    try {
+      entries = readdirSync(dir);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === "ENOENT") return;
+      throw e;
+    }
+    for (const e of entries) if (e.startsWith(`${name}-`) || e.startsWith(`${name}.`)) rmSync(join(dir, e), { force: true });
+  }
 }
 
-function paths(base: string): { hnswPath: string; idsPath: string } {
-  return { hnswPath: `${base}.hnsw`, idsPath: `${base}.ids.json` };
+function paths(base: string, checksum: string): { hnswPath: string; idsPath: string } {
+  const name = `${base}-${checksum.slice(0, 16)}`;
+  return { hnswPath: `${name}.hnsw`, idsPath: `${name}.ids.json` };
 }
 
 function checksumOf(hnswBytes: Buffer, idsBytes: Buffer): string {

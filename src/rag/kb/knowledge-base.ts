@@ -12,7 +12,8 @@ import { mkdir, readFile, realpath, stat } from "node:fs/promises";
 import { resolve } from "node:path";
 import { open, type Database, type RootDatabase } from "lmdb";
 import { DkiArgumentError } from "../../errors.js";
-import { ScopedHybridIndex, type HybridHit, type HybridQuery, type HybridSearchOptions, type IndexedDocument, type RebuildReport, type SavedIndex } from "../../memory/retrieval/scoped-index.js";
+import { checkLmdbFile } from "../../memory/store-file.js";
+import { ScopedHybridIndex, type HybridHit, type HybridQuery, type HybridSearchOptions, type IndexedDocument, type RebuildReport, type SavedIndex, type SaveOutcome } from "../../memory/retrieval/scoped-index.js";
 import type { Embedder, Filter, JsonValue, Metadata } from "../../memory/types.js";
 import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokenizer, type TextChunk } from "./chunk.js";
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
@@ -218,14 +219,17 @@ export class KnowledgeBase {
       source: {
         generation: (c) => this.scopes.get(c)?.generation ?? 0,
         savedIndex: (c) => this.scopes.get(c)?.saved,
-        indexesSaved: (saved) => {
+        indexesSaved: (saved) =>
           this.root.transactionSync(() => {
+            const outcomes = new Map<string, SaveOutcome>();
             for (const [c, s] of saved) {
               const rec = this.scopes.get(c);
-              if (rec !== undefined) this.scopes.putSync(c, { ...rec, saved: s });
+              const recorded = rec?.generation === s.generation;
+              if (recorded) this.scopes.putSync(c, { ...rec, saved: s });
+              outcomes.set(c, { recorded, before: rec?.saved });
             }
-          });
-        },
+            return outcomes;
+          }),
         documents: (c) => this.indexedDocuments(c),
       },
     });
@@ -252,6 +256,8 @@ export class KnowledgeBase {
     if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) throw new DkiArgumentError(`maxDocumentBytes must be a positive integer, got ${maxBytes}`);
     if (!Number.isSafeInteger(maxChunks) || maxChunks < 1) throw new DkiArgumentError(`maxChunksPerDocument must be a positive integer, got ${maxChunks}`);
     await mkdir(o.dir, { recursive: true });
+    // LMDB would crash the process on a truncated or damaged file rather than fail: checked first.
+    checkLmdbFile(resolve(o.dir, KB_FILE), "knowledge base");
     const root = open({ path: resolve(o.dir, KB_FILE), compression: false });
     const meta = root.openDB<{ version: number }, string>({ name: "meta" });
     const v = meta.get("schema");
