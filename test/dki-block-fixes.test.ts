@@ -8,7 +8,8 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { KVBlock } from "../src/kv/kv-block.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
-import { DKISystem, resolveConfig, type DKIConfigInput } from "../src/dki/index.js";
+import { DEFAULT_BUDGETS, DKISystem, applyBlockFix, resolveConfig, type Assembly, type DKIConfigInput } from "../src/dki/index.js";
+import { TieredKVCache } from "../src/cache/tiered-cache.js";
 import { loadRefWeights, refForward, type RefSegment, type RefWeights } from "./reference/forward.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
 
@@ -177,6 +178,31 @@ describe("segment temperature (APE)", () => {
     const kv = await model.computeBlock(mems[0]!);
     for (const t of [0, -1, Number.NaN, Number.POSITIVE_INFINITY, 1e39, "2" as unknown as number])
       await expect(model.logits(prompt, { segments: [{ kv, temperature: t }] })).rejects.toThrow(/segments\[0\]: temperature must be a finite number > 0/);
+  });
+});
+
+describe("applyBlockFix", () => {
+  test("EPIC k = 3: every later block's first 3 tokens are the joint encoding's, placed where it puts them; the rest is its own encoding, bit for bit", async () => {
+    const cache = await TieredKVCache.open({ model, dir: tempDir(), budgets: DEFAULT_BUDGETS });
+    try {
+      const blocks = await separate();
+      const a: Assembly = { segments: blocks.map((kv, i) => ({ kv, alpha: 0.5 + i / 10, scaling: "value" })), blocks: [], tokens: all.length, fixKeys: [], release: () => {} };
+      const fixed = await applyBlockFix(a, { kind: "epic", recomputeTokens: 3 }, { cache, model, userId: "u", prefix });
+      expect(fixed.segments.map((s) => s.kv.nTokens)).toEqual([6, 3, 6, 3, 4]);
+      expect(fixed.segments.map((s) => s.alpha)).toEqual([0.5, 0.6, 0.6, 0.7, 0.7]);
+      expect(fixed.fixKeys).toHaveLength(2);
+      const want = await joint();
+      expect(fixed.segments[0]!.kv).toBe(blocks[0]);
+      for (const [i, at] of [[1, 6], [2, 15]] as const) {
+        const piece = fixed.segments[2 * i - 1]!.kv, rest = fixed.segments[2 * i]!.kv;
+        expect(piece.startPos).toBe(P + at);
+        expect(maxBlockDiff(piece, await want.slice(at, at + 3))).toBeLessThan(1e-4);
+        expect(maxBlockDiff(rest, await blocks[i]!.slice(3, mems[i]!.length))).toBe(0);
+      }
+      fixed.release();
+    } finally {
+      await cache.close();
+    }
   });
 });
 
