@@ -22,6 +22,8 @@
 //   --model  HF folder or GGUF (default models/memory-qa-plain)
 //   --quick  fewer α values; results to memory-sweeps-NAME-quick
 // Results: bench/results/memory-sweeps-NAME.{md,json} and the plots memory-sweeps-NAME-{alpha,settings}.png.
+// Uses the memory-QA answer instruction and full-text form (src/eval/instruction.ts,
+// full-context.ts) and the plot renderer (src/util/plot.ts) of the harness: build (npx tsc) first.
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { basename, join, resolve } from "node:path";
@@ -31,9 +33,9 @@ import { MemoryStore } from "../dist/src/memory/memory-store.js";
 import { importConversations, parseConversations } from "../dist/src/memory/import.js";
 import { ANSWER_INSTRUCTION } from "../dist/src/eval/instruction.js";
 import { fullContextQuery } from "../dist/src/eval/full-context.js";
+import { renderVegaLite } from "../dist/src/util/plot.js";
 import { machine } from "./lib/machine.js";
-import { writeResults } from "./lib/results.js";
-import { writeVegaLite } from "./lib/plot.js";
+import { resultsDir, writeResults } from "./lib/results.js";
 
 const arg = (name) => process.argv.find((a, i) => process.argv[i - 1] === name) ?? process.argv.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);
 const quick = process.argv.includes("--quick");
@@ -211,7 +213,7 @@ const METRICS = [
 ];
 const scaleOf = (metric) => (metric.unit ? { domain: [0, 1] } : {});
 const alphaRows = rows.filter((r) => r.sweep === "alpha").map((r) => ({ ...r, scaling: r.setting.split(" ")[0] }));
-await writeVegaLite(`${base}-alpha`, {
+await renderVegaLite({
   $schema: "https://vega.github.io/schema/vega-lite/v6.json",
   title: `α sweep, ${name}: the first answer token against full text and against nothing injected (${questions.length} questions)`,
   background: "white",
@@ -227,9 +229,9 @@ await writeVegaLite(`${base}-alpha`, {
       color: { field: "scaling", type: "nominal", title: "α scaling" },
     },
   })),
-});
+}, join(resultsDir, `${base}-alpha`));
 const barRows = rows.filter((r) => r.sweep !== "alpha").map((r) => ({ ...r, label: `${r.sweep}: ${r.setting}` }));
-await writeVegaLite(`${base}-settings`, {
+await renderVegaLite({
   $schema: "https://vega.github.io/schema/vega-lite/v6.json",
   title: `Positions, encoding prefix and block fixes, ${name} (α = 1, ${questions.length} questions)`,
   background: "white",
@@ -245,4 +247,4 @@ await writeVegaLite(`${base}-settings`, {
       color: { field: "sweep", type: "nominal", title: null },
     },
   })),
-});
+}, join(resultsDir, `${base}-settings`));

@@ -29,11 +29,6 @@ export async function writeLinePlot(name, { rows, title, x, y, series = "series"
       tooltip: [{ field: "series" }, { field: "x" }, { field: "y" }],
     },
   };
-  return writeVegaLite(name, spec);
-}
-
-/** Renders any Vega-Lite spec to bench/results/NAME.svg and .png, with the spec beside them. Returns the paths written. */
-export async function writeVegaLite(name, spec) {
   const view = new vega.View(vega.parse(vl.compile(spec).spec), { renderer: "none" });
   const svg = await view.toSVG();
   view.finalize();
