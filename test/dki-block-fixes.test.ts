@@ -10,6 +10,7 @@ import { KVBlock } from "../src/kv/kv-block.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { DEFAULT_BUDGETS, DKISystem, applyBlockFix, resolveConfig, type Assembly, type DKIConfigInput } from "../src/dki/index.js";
 import { TieredKVCache } from "../src/cache/tiered-cache.js";
+import { native, type NativeSegment } from "../src/engine/native.js";
 import { loadRefWeights, refForward, type RefSegment, type RefWeights } from "./reference/forward.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
 
@@ -134,6 +135,48 @@ describe("Model.blendBlocks (CacheBlend)", () => {
     // A prefix that does not end where the blocks start.
     const farPrefix = await model.computeBlock(prefix, { startPos: 40 });
     await expect(model.blendBlocks(blocks, { ratio: 0.5, prefix: farPrefix })).rejects.toThrow(/the prefix sits at \[40, 42\) but the first block starts at 2/);
+  });
+});
+
+describe("the native calls check what they are given", () => {
+  test("blendBlocks: argument types, ratio, a block of another model", async () => {
+    const addon = native();
+    const h = model.nativeHandle();
+    const blocks = (await separate()).map((b) => b.nativeHandle());
+    const call = (...args: unknown[]) => (addon.blendBlocks as (...a: unknown[]) => Promise<unknown>)(...args);
+    expect(() => call(h, null, "blocks", 0.5)).toThrow(/blendBlocks\(model, prefix: NativeKVBlock \| null, blocks: NativeKVBlock\[\], ratio: number\)/);
+    expect(() => call(h, null, blocks, "0.5")).toThrow(/blendBlocks\(model, prefix/);
+    expect(() => call(h, null, blocks, Number.NaN)).toThrow(/ratio must be a number in \[0, 1\]/);
+    expect(() => call(h, null, [blocks[0], {}], 0.5)).toThrow(/expected a NativeKVBlock/);
+    expect(() => call(h, 7, blocks, 0.5)).toThrow(/expected a NativeKVBlock/);
+    await expect(call(h, null, [], 0.5)).rejects.toThrow(/blendBlocks needs at least one block/);
+    // A block of another model (another seed: other weights, other fingerprint).
+    const dir = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: dir, seed: 12, overrides: { numLayers: 4, numHeads: 4, numKvHeads: 2, headDim: 16 } });
+    const other = await Model.load(dir, { contextSize: 32 });
+    try {
+      const foreign = await other.computeBlock(mems[0]!);
+      expect(() => call(h, null, [blocks[0], foreign.nativeHandle()], 0.5)).toThrow(/computed by another model/);
+      await expect(model.blendBlocks([foreign], { ratio: 0.5 })).rejects.toThrow(/computed by another model/);
+    } finally {
+      other.dispose();
+    }
+  });
+
+  test("setSegments: a temperature that is not a finite number > 0 is a RangeError", () => {
+    const ctx = model.createContext(16);
+    return separate().then((blocks) => {
+      try {
+        const seg = (temperature: unknown) => [{ block: blocks[0]!.nativeHandle(), alpha: 1, logit: false, temperature } as unknown as NativeSegment];
+        for (const t of [0, -2, Number.NaN, Number.POSITIVE_INFINITY, 1e39, "2"]) expect(() => ctx.setSegments(seg(t))).toThrow(/segment\.temperature must be a finite number > 0/);
+        // Positive but below float32's smallest: 0 once rounded.
+        expect(() => ctx.setSegments(seg(1e-50))).toThrow(/segment temperature must be a finite number > 0/);
+        ctx.setSegments(seg(0.5));
+        ctx.setSegments([]);
+      } finally {
+        ctx.dispose();
+      }
+    });
   });
 });
 
