@@ -24,7 +24,8 @@ export type HistoryLanguageSetting = "auto" | "cn" | "en";
  *   deviate most from a joint encoding is recomputed at every later layer (Model.blendBlocks; not
  *   cached: it depends on every block of the turn). 1: the joint encoding. CPU only;
  * - "ape" (APE): the memory blocks' attention scores become score/temperature + ln(scale·α)
- *   (logit scaling: the memory blocks' α is then applied as ln α too). CPU only.
+ *   (logit scaling: the memory blocks' α is then applied as ln α too, and the engine's
+ *   alphaThreshold cut-off reads scale·α). CPU only.
  * EPIC and CacheBlend treat every injected block (the preference block first) as the sequence.
  */
 export type BlockFix =
