@@ -16,10 +16,11 @@
 // setting as its DKI config), answers decoded greedily.
 //
 // Usage: node bench/memory-sweeps.js --data FILE.json [--model DIR] [--limit 40] [--seed 1] [--top-k 3]
-//                                    [--name NAME] [--harness] [--quick]
+//                                    [--name NAME] [--note TEXT] [--harness] [--quick]
 //   --data   LoCoMo- or LongMemEval-form questions with their conversations (e.g. the held-out
 //            synthetic set: dki eval synth --split heldout)
 //   --model  HF folder or GGUF (default models/memory-qa-plain)
+//   --note   a line said first in the table's notes (where the model and the data came from)
 //   --quick  fewer α values; results to memory-sweeps-NAME-quick
 // Results: bench/results/memory-sweeps-NAME.{md,json} and the plots memory-sweeps-NAME-{alpha,settings}.png.
 // Uses the memory-QA answer instruction and full-text form (src/eval/instruction.ts,
@@ -50,6 +51,8 @@ const seed = Number(arg("--seed") ?? 1);
 const topK = Number(arg("--top-k") ?? 3);
 const name = arg("--name") ?? basename(modelDir).replace(/\.gguf$/i, "");
 const withHarness = process.argv.includes("--harness");
+/** Said first among the table's notes: where the model and the data came from. */
+const provenance = arg("--note");
 const loadAtStart = loadavg()[0];
 
 // ---------------------------------------------------------------------------------------------
@@ -195,6 +198,7 @@ writeResults(`memory-sweeps-${name}`, {
   rows,
   columns,
   notes: [
+    ...(provenance ? [provenance] : []),
     `Model ${modelDir}; data ${resolve(dataFile)} (${format}), ${questions.length} questions (seed ${seed}), top-${topK} routed memories a question, injected oldest first with α forced; mean ${mean(questions.map((q) => refs.get(q.id).memoryTokens)).toFixed(1)} memory tokens a question.`,
     "p: the next-token distribution after the prompt (the first answer token). p_none: the same prompt, nothing injected. p_full: the routed memories as prompt text before the question, nothing injected. KL in nats, averaged over the questions; top-1 = full: share of questions whose most likely first token is p_full's.",
     "Unless the row says otherwise: α = 1, value scaling, negative positions, encoding prefix bos, no block fix. 'joint (EPIC k=∞)' recomputes every block behind the ones before it: exactly the joint encoding of the memories behind the prefix.",
