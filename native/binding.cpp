@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "blend.h"
 #include "context.h"
 #include "file_lock.h"
 #include "kernels/kernels.h"
@@ -685,6 +686,29 @@ Napi::Value ConcatBlocks(const Napi::CallbackInfo& info) {
   return BlockWrap::RunBlockOp(env, [m, blocks] { return concat_blocks(blocks, m->inv_freq(), m->config().rope_interleaved); });
 }
 
+// blendBlocks(model, prefix: NativeKVBlock | null, blocks: NativeKVBlock[], ratio) → Promise<NativeKVBlock>
+// CacheBlend (blend.h), on the engine's thread pool.
+Napi::Value BlendBlocks(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const char* usage = "blendBlocks(model, prefix: NativeKVBlock | null, blocks: NativeKVBlock[], ratio: number)";
+  auto m = model_arg(info, 0);
+  if (info.Length() < 4 || !info[2].IsArray() || !info[3].IsNumber()) throw_type(env, usage);
+  const BlockPtr prefix = info[1].IsNull() ? nullptr : block_arg(env, info[1]);
+  if (prefix) check_owner(env, *m, *prefix);
+  Napi::Array arr = info[2].As<Napi::Array>();
+  std::vector<BlockPtr> blocks;
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    blocks.push_back(block_arg(env, arr.Get(i)));
+    check_owner(env, *m, *blocks.back());
+  }
+  const double ratio = info[3].As<Napi::Number>().DoubleValue();
+  if (!(ratio >= 0 && ratio <= 1)) throw Napi::RangeError::New(env, "blendBlocks: ratio must be a number in [0, 1]");
+  return BlockWrap::RunBlockOp(env, [m, prefix, blocks, ratio]() -> BlockPtr {
+    ComputeLock lock;  // the recompute uses the thread pool
+    return blend_blocks(*m, prefix.get(), blocks, ratio);
+  });
+}
+
 // Reads the bytes on a worker thread. In place (`copy` false: a reference keeps them alive), or
 // from a copy made here on the calling thread: nothing in Node-API can stop a caller's
 // ArrayBuffer being transferred or resized while the worker reads it, so only bytes the package
@@ -901,7 +925,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     return env.Undefined();
   }
 
-  // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean, shift?: number }])
+  // setSegments([{ block: NativeKVBlock, alpha: number, logit: boolean, shift?: number, temperature?: number }])
   // The segments are read first: reading them can run JavaScript (getters, proxies) that could
   // dispose this context or start an eval on it, so the context is looked up only afterwards.
   Napi::Value SetSegments(const Napi::CallbackInfo& info) {
@@ -917,6 +941,12 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       s.block = BlockWrap::from(env, o.Get("block"), "segment.block must be a NativeKVBlock")->block(env);
       s.alpha = float(get_number(o, "alpha"));
       s.logit_scaling = get_bool(o, "logit");
+      const Napi::Value temperature = o.Get("temperature");
+      if (!temperature.IsUndefined()) {
+        const double t = temperature.IsNumber() ? temperature.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(t > 0) || !std::isfinite(float(t))) throw Napi::RangeError::New(env, "segment.temperature must be a finite number > 0 (as a 32-bit float)");
+        s.temperature = float(t);
+      }
       const Napi::Value shift = o.Get("shift");
       if (!shift.IsUndefined()) {
         const double d = shift.IsNumber() ? shift.As<Napi::Number>().DoubleValue() : NAN;
@@ -1183,6 +1213,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("remapBlock", Napi::Function::New(env, RemapBlock));
   exports.Set("concatBlocks", Napi::Function::New(env, ConcatBlocks));
+  exports.Set("blendBlocks", Napi::Function::New(env, BlendBlocks));
   exports.Set("deserializeBlock", Napi::Function::New(env, DeserializeBlock));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("getThreads", Napi::Function::New(env, GetThreads));

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 
+#include "blend.h"
 #include "context.h"
 #include "kernels/kernels.h"
 #include "kv_ops.h"
@@ -151,6 +153,9 @@ void Context::set_segments(std::vector<Segment> segments) {
     if (!(s.alpha >= 0) || !std::isfinite(s.alpha)) throw Error("segment alpha must be a finite number >= 0");
     // ln 0 = -inf would be added to every score of the segment: leaving it out does the same.
     if (s.logit_scaling && s.alpha == 0) throw Error("segment alpha must be > 0 with logit scaling (ln 0 is -inf)");
+    if (!(s.temperature > 0) || !std::isfinite(s.temperature)) throw Error("segment temperature must be a finite number > 0");
+    if (cuda_ && s.temperature != 1.f)
+      throw Error("segment temperature (APE, blockFix \"ape\") runs on the CPU only; this model is loaded on CUDA: use temperature 1 there");
     const int64_t start = int64_t(b.start_pos) + s.shift;
     if (start < -kMaxPosition || start > kMaxPosition)
       throw Error("a segment shifted to position " + std::to_string(start) + " is outside ±" + std::to_string(kMaxPosition));
@@ -388,7 +393,7 @@ void Context::attention(int l, int T) {
         const int t = t0 + q_i;
         const float* q = &q_[(size_t(t) * H + h) * hd];
         float* scores = &probs[size_t(q_i) * max_s];
-        // Scores: q·k / sqrt(hd), plus ln(alpha) on the columns of logit-scaled segments.
+        // Scores: q·k / sqrt(hd) (over T on a segment's columns), plus ln(alpha) on the columns of logit-scaled segments.
         int j = 0;
         for (size_t si = 0; si < segments_.size(); si++) {
           const Segment& s = segments_[si];
@@ -400,7 +405,8 @@ void Context::attention(int l, int T) {
             rotate_pairs(turned.data(), hd, turn.data(), turn.data() + hd / 2, c.rope_interleaved);
             qs = turned.data();
           }
-          K.scores(qs, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, scale, &scores[j]);
+          // A temperature T divides the segment's scores: q·k/(sqrt(hd)·T).
+          K.scores(qs, b.k_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, s.temperature == 1.f ? scale : scale / s.temperature, &scores[j]);
           if (s.logit_scaling) {
             const float bias = std::log(s.alpha);
             for (int i = 0; i < b.n_tokens; i++) scores[j + i] += bias;
@@ -484,6 +490,167 @@ std::shared_ptr<KVBlock> Context::export_block(int from, int to, bool on_device)
       std::copy_n(&v_cache_[src], size_t(b->n_tokens) * hd, &b->v[dst]);
     }
   return b;
+}
+
+namespace {
+
+// Checks that b can take part in a blend with model m: computed by it, in host memory.
+void check_blend_block(const Model& m, const KVBlock& b, const std::string& which) {
+  const ModelConfig& c = m.config();
+  if (b.fingerprint != m.fingerprint()) throw Error("blendBlocks: " + which + " was computed by another model (fingerprint mismatch)");
+  if (b.n_layers != c.n_layers || b.n_kv_heads != c.n_kv_heads || b.head_dim != c.head_dim) throw Error("blendBlocks: " + which + "'s shape does not match the model");
+  if (b.n_tokens < 1) throw Error("blendBlocks: " + which + " holds no tokens");
+  host_kv(b, "blendBlocks");
+}
+
+// Attention of the memory tokens rows[a] (their queries q, [A][H][hd]) over the prefix's K/V of
+// layer l and memory tokens 0..rows[a] (mk, mv: [Hkv][N][hd]); out: [A][H·hd].
+void attention_rows(const KVBlock* prefix, int l, const std::vector<int>& rows, const float* mk, const float* mv, int N, const ModelConfig& c, float scale,
+                    const float* q, float* out) {
+  const int hd = c.head_dim, H = c.n_heads, group = c.n_heads / c.n_kv_heads;
+  const int P = prefix ? prefix->n_tokens : 0;
+  thread_pool().parallel_for(int(rows.size()) * H, 1, [&](int begin, int end) {
+    const Kernels& K = kernels();
+    thread_local std::vector<float> s;
+    s.resize(size_t(P) + N);
+    for (int item = begin; item < end; item++) {
+      const int a = item / H, h = item % H, kvh = h / group, n = rows[a] + 1;
+      const float* qa = q + (size_t(a) * H + h) * hd;
+      if (P > 0) K.scores(qa, prefix->k_layer(l) + size_t(kvh) * P * hd, P, hd, scale, s.data());
+      K.scores(qa, mk + size_t(kvh) * N * hd, n, hd, scale, s.data() + P);
+      const float inv = float(1.0 / K.softmax_exp(s.data(), P + n));
+      for (int i = 0; i < P + n; i++) s[i] *= inv;
+      float* o = out + (size_t(a) * H + h) * hd;
+      std::fill(o, o + hd, 0.f);
+      if (P > 0) K.weighted_sum(s.data(), prefix->v_layer(l) + size_t(kvh) * P * hd, P, hd, o);
+      K.weighted_sum(s.data() + P, mv + size_t(kvh) * N * hd, n, hd, o);
+    }
+  });
+}
+
+}  // namespace
+
+std::shared_ptr<KVBlock> blend_blocks(const Model& m, const KVBlock* prefix, const std::vector<BlockPtr>& blocks, double ratio) {
+  const ModelConfig& c = m.config();
+  if (m.device_weights()) throw Error("blendBlocks (CacheBlend) runs on the CPU only; this model is loaded on CUDA");
+  if (blocks.empty()) throw Error("blendBlocks needs at least one block");
+  if (!(ratio >= 0 && ratio <= 1)) throw Error("blendBlocks: ratio must be a number in [0, 1], got " + std::to_string(ratio));
+  for (size_t i = 0; i < blocks.size(); i++) check_blend_block(m, *blocks[i], "block " + std::to_string(i));
+  const int P = prefix ? prefix->n_tokens : 0;
+  if (prefix) {
+    check_blend_block(m, *prefix, "the prefix");
+    if (int64_t(prefix->start_pos) + P != blocks[0]->start_pos)
+      throw Error("blendBlocks: the prefix sits at [" + std::to_string(prefix->start_pos) + ", " + std::to_string(int64_t(prefix->start_pos) + P) +
+                  ") but the first block starts at " + std::to_string(blocks[0]->start_pos) + "; it must end right where the blocks begin");
+  }
+  // The separate encodings, each moved to where it sits in the joint sequence: what every token
+  // not selected keeps, and the result's starting point (copied: concat may hand back its input).
+  auto out = std::make_shared<KVBlock>(*concat_blocks(blocks, m.inv_freq(), c.rope_interleaved));
+  const int N = out->n_tokens;
+  const int n_sel = std::min(N, int(std::ceil(ratio * N - 1e-9)));
+  if (n_sel == 0) return out;
+
+  const int D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
+  const int q_dim = H * hd, kv_dim = Hkv * hd, half = hd / 2, L = c.n_layers;
+  // The layer whose deviations choose the tokens: the first whose K/V depend on the context.
+  const int select_layer = std::min(1, L - 1);
+  const size_t layer_kv = size_t(Hkv) * N * hd;
+  check_host_bytes((size_t(N) * (3 * D + 2 * q_dim + 2 * kv_dim + 2 * F + hd) + 2 * size_t(select_layer + 1) * layer_kv) * sizeof(float),
+                   "blending " + std::to_string(N) + " memory tokens");
+  std::vector<float> x(size_t(N) * D), xn(size_t(N) * D), q(size_t(N) * q_dim), k(size_t(N) * kv_dim), v(size_t(N) * kv_dim);
+  std::vector<float> attn(size_t(N) * q_dim), gate(size_t(N) * F), up(size_t(N) * F), cs(size_t(N) * hd);
+  std::vector<unsigned char> xq;
+  // K/V of the joint layers (0..select_layer) for every token, [layer][Hkv][N][hd]: which of
+  // them the result keeps is known only once the tokens are selected.
+  std::vector<float> joint_k((select_layer + 1) * layer_kv), joint_v(joint_k.size());
+  // rows[a]: the memory token that row a of the scratch holds (every token, then the selected).
+  std::vector<int> rows(N);
+  std::iota(rows.begin(), rows.end(), 0);
+
+  const Matrix& E = m.embeddings();
+  for (int t = 0; t < N; t++)
+    for (int i = 0; i < D; i++) x[size_t(t) * D + i] = load_as_f32(E.data, E.dtype, size_t(out->tokens[t]) * D + i);
+  const float scale = 1.f / std::sqrt(float(hd));
+
+  for (int l = 0; l < L; l++) {
+    const LayerWeights& W = m.layers()[l];
+    const int A = int(rows.size());
+    const bool joint = l <= select_layer;
+    // Where this layer's keys and values of the memory live: the joint scratch, or the result
+    // itself, whose unselected rows hold the cached K/V the selected tokens attend to.
+    float* mk = joint ? joint_k.data() + l * layer_kv : out->k.data() + l * layer_kv;
+    float* mv = joint ? joint_v.data() + l * layer_kv : out->v.data() + l * layer_kv;
+    for (int a = 0; a < A; a++) {
+      const double pos = double(out->start_pos) + rows[a];
+      for (int i = 0; i < half; i++) {
+        cs[size_t(a) * hd + i] = float(std::cos(pos * m.inv_freq()[i]));
+        cs[size_t(a) * hd + half + i] = float(std::sin(pos * m.inv_freq()[i]));
+      }
+    }
+    rmsnorm(x.data(), W.attn_norm, c.rms_norm_eps, A, D, xn.data());
+    linear_multi({{&W.wq, q.data()}, {&W.wk, k.data()}, {&W.wv, v.data()}}, xn.data(), A, xq);
+    add_bias(q.data(), W.bq, A);
+    add_bias(k.data(), W.bk, A);
+    add_bias(v.data(), W.bv, A);
+    for (int a = 0; a < A; a++) {
+      const float* co = &cs[size_t(a) * hd];
+      for (int h = 0; h < H; h++) rotate_pairs(&q[(size_t(a) * H + h) * hd], hd, co, co + half, c.rope_interleaved);
+      for (int h = 0; h < Hkv; h++) rotate_pairs(&k[(size_t(a) * Hkv + h) * hd], hd, co, co + half, c.rope_interleaved);
+      for (int h = 0; h < Hkv; h++) {
+        const size_t dst = (size_t(h) * N + rows[a]) * hd;
+        std::copy_n(&k[(size_t(a) * Hkv + h) * hd], hd, mk + dst);
+        std::copy_n(&v[(size_t(a) * Hkv + h) * hd], hd, mv + dst);
+      }
+    }
+    if (l == select_layer) {
+      // Each token's squared distance between its joint and its cached K and V at this layer.
+      const float* ck = out->k.data() + l * layer_kv;
+      const float* cv = out->v.data() + l * layer_kv;
+      std::vector<double> dev(N, 0.0);
+      for (int h = 0; h < Hkv; h++)
+        for (int t = 0; t < N; t++)
+          for (int d = 0; d < hd; d++) {
+            const size_t i = (size_t(h) * N + t) * hd + d;
+            dev[t] += double(mk[i] - ck[i]) * (mk[i] - ck[i]) + double(mv[i] - cv[i]) * (mv[i] - cv[i]);
+          }
+      std::vector<int> order(N);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return dev[a] > dev[b]; });
+      std::vector<int> chosen(order.begin(), order.begin() + n_sel);
+      std::sort(chosen.begin(), chosen.end());
+      // The selected tokens take their joint K/V at the joint layers.
+      for (int jl = 0; jl <= select_layer; jl++)
+        for (int h = 0; h < Hkv; h++)
+          for (int t : chosen) {
+            const size_t i = jl * layer_kv + (size_t(h) * N + t) * hd;
+            std::copy_n(&joint_k[i], hd, &out->k[i]);
+            std::copy_n(&joint_v[i], hd, &out->v[i]);
+          }
+      if (l == L - 1) break;
+      attention_rows(prefix, l, rows, mk, mv, N, c, scale, q.data(), attn.data());
+      // Only the selected rows go on: compact them to the front of the scratch, in order.
+      std::vector<int> keep;
+      for (int a = 0; a < A; a++)
+        if (std::binary_search(chosen.begin(), chosen.end(), rows[a])) keep.push_back(a);
+      for (size_t b = 0; b < keep.size(); b++) {
+        std::copy_n(&attn[size_t(keep[b]) * q_dim], q_dim, &attn[b * q_dim]);
+        std::copy_n(&x[size_t(keep[b]) * D], D, &x[b * D]);
+      }
+      rows = chosen;
+    } else {
+      if (l == L - 1) break;
+      attention_rows(prefix, l, rows, mk, mv, N, c, scale, q.data(), attn.data());
+    }
+    const int R = int(rows.size());
+    linear(W.wo, attn.data(), R, xn.data(), xq);
+    for (size_t i = 0; i < size_t(R) * D; i++) x[i] += xn[i];
+    rmsnorm(x.data(), W.ffn_norm, c.rms_norm_eps, R, D, xn.data());
+    linear_multi({{&W.w_gate, gate.data()}, {&W.w_up, up.data()}}, xn.data(), R, xq);
+    thread_pool().parallel_for(R * F, 256, [&](int b, int e) { kernels().silu_mul(&gate[b], &up[b], size_t(e - b)); });
+    linear(W.w_down, gate.data(), R, xn.data(), xq);
+    for (size_t i = 0; i < size_t(R) * D; i++) x[i] += xn[i];
+  }
+  return out;
 }
 
 }  // namespace dki

@@ -149,11 +149,13 @@ inline std::vector<float> rotation_by(int64_t delta, const std::vector<double>& 
 }
 
 // A block injected into attention: scaling "value" multiplies its V by alpha (keys untouched);
-// "logit" adds ln(alpha) to its attention scores instead.
+// "logit" adds ln(alpha) to its attention scores instead. temperature divides its scores before
+// that (APE's score/T + ln s, with s the logit-scaled alpha); 1 leaves them as they are.
 struct Segment {
   std::shared_ptr<const KVBlock> block;
   float alpha = 1.f;
   bool logit_scaling = false;
+  float temperature = 1.f;
   // Where the block sits, relative to where it was computed: from start_pos + shift. The CPU
   // attention turns each query back by shift instead of rotating a copy of every key, since for a
   // rotary embedding q·R(Δ)k = (R(−Δ)q)·k; the GPU gets a remapped copy.

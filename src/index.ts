@@ -1,5 +1,6 @@
 // Public API of dki-engine.
 export { Model, resolveDevice, type Device, type LoadOptions, type ModelInfo, type PromptInput, type Segment, type PositionStrategy, type InjectionOptions, type ComputeBlockOptions, type EntropyProbe } from "./engine/model.js";
+export type { BlendOptions } from "./engine/model.js";
 export { entropy, type GenerateOptions, type GenerateResult, type GenerationStats, type SamplingOptions, type FinishReason } from "./engine/generate.js";
 export { native } from "./engine/native.js";
 export { KVBlock, type BlockModel, type DeserializeOptions, type KVStorage } from "./kv/kv-block.js";
@@ -19,4 +20,5 @@ export { OnnxEmbedder, type OnnxEmbedderOptions } from "./memory/embedders/onnx.
 export { terms } from "./memory/text-terms.js";
 export * from "./memory/index.js";
 export { DKISystem, DEFAULT_BUDGETS, analyzeBudget, assembleBlocks, canonicalStart, routeMemories, decideGating, gateAlpha, resolveConfig, buildHybridPrompt, formatHistory, mergePreferences, renderPrompt, detectLanguage, tokenCounter, layerCostMs, FlatHistoryProvider, FairQueue, HISTORY_TEMPLATES, HISTORY_MARKERS, type DKISystemOptions, type ChatOptions, type DKIResponse, type DKIMetadata, type DKIStats, type MemoryUsed, type BlockOrigin, type HybridInjectionInfo, type DKIConfig, type DKIConfigInput, type GatingConfig, type RelevanceThresholdSource, type GatingDecision, type BudgetAnalysis, type LatencyBreakdown, type HistoryProvider, type HistoryRequest, type HistorySuffix, type BlockSpec, type BlockSource, type Assembly, type AssembledBlock, type TokenCounter, type RouteOptions } from "./dki/index.js";
+export { applyBlockFix, CACHEBLEND_DEFAULT_RATIO, type BlockFix, type BlockFixInput, type BlendModel } from "./dki/index.js";
 export * from "./rag/index.js";

@@ -23,6 +23,30 @@ export type MemoryEncoding = "separate" | "joint";
 export type HistoryLanguageSetting = "auto" | "cn" | "en";
 
 /**
+ * A training-free fix for memories encoded each as its own block (none of them saw the blocks
+ * before it, unlike one joint encoding of [prefix, memory 1, …, memory k]):
+ * - "none": the blocks as encoded (default);
+ * - "epic" (EPIC): the first `recomputeTokens` tokens of every block after the first are computed
+ *   again behind the prefix and all earlier blocks' tokens (cached in the tiered cache under what
+ *   they depend on); the rest of each block stays as cached. k ≥ a block's length: its joint encoding;
+ * - "cacheblend" (CacheBlend): the share `ratio` (default 0.15) of memory tokens whose layer-1 K/V
+ *   deviate most from a joint encoding is recomputed at every later layer (Model.blendBlocks; not
+ *   cached: it depends on every block of the turn). 1: the joint encoding. CPU only;
+ * - "ape" (APE): the memory blocks' attention scores become score/temperature + ln(scale·α)
+ *   (logit scaling: the memory blocks' α is then applied as ln α too, and the engine's
+ *   alphaThreshold cut-off reads scale·α). CPU only.
+ * EPIC and CacheBlend treat every injected block (the preference block first) as the sequence.
+ */
+export type BlockFix =
+  | { kind: "none" }
+  | { kind: "epic"; recomputeTokens: number }
+  | { kind: "cacheblend"; ratio: number }
+  | { kind: "ape"; temperature: number; scale: number };
+
+/** CacheBlend's share of recomputed tokens when config.blockFix leaves it out (the paper's). */
+export const CACHEBLEND_DEFAULT_RATIO = 0.15;
+
+/**
  * Which score of a search result gating reads as relevance. "dense" (default): the cosine
  * similarity of query and memory, an absolute measure. "fused": the store's fused score, which
  * under its default RRF fusion is rank-based (the top hit scores about 1 whatever the query), so
@@ -79,6 +103,9 @@ export interface DKIConfig {
   memoryEncoding: MemoryEncoding;
   positions: PositionStrategy;
   encodingPrefix: EncodingPrefix;
+  /** How the memory blocks' α acts: "value" (V ← α·V, default) or "logit" (ln α added to their scores). */
+  alphaScaling: "value" | "logit";
+  blockFix: BlockFix;
   preferenceEnabled: boolean;
   preferenceAlpha: number;
   /** Preference lines kept, in priority order, while their tokens fit in this. */
@@ -117,6 +144,8 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
   memoryEncoding: "separate",
   positions: "negative",
   encodingPrefix: "bos",
+  alphaScaling: "value",
+  blockFix: Object.freeze({ kind: "none" }),
   preferenceEnabled: true,
   preferenceAlpha: 0.4,
   preferenceMaxTokens: 100,
@@ -128,8 +157,11 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
   chatTemplate: "auto",
 });
 
+/** A block fix as a caller gives it: CacheBlend's ratio may be left out. */
+export type BlockFixInput = Exclude<BlockFix, { kind: "cacheblend" }> | { kind: "cacheblend"; ratio?: number };
+
 /** A caller's partial settings: any field may be left out, gating's too. */
-export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">> };
+export type DKIConfigInput = Partial<Omit<DKIConfig, "gating" | "blockFix">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">>; blockFix?: BlockFixInput };
 
 /**
  * Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one.
@@ -138,7 +170,12 @@ export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Par
  */
 export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedder, "id" | "relevanceThreshold">): DKIConfig {
   if (input === null || typeof input !== "object") throw new DkiArgumentError(`config must be an object, got ${String(input)}`);
-  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) } };
+  const c: DKIConfig = {
+    ...DEFAULT_CONFIG,
+    ...input,
+    gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) },
+    blockFix: resolveBlockFix(input.blockFix),
+  };
   const g = c.gating;
   const finite = (name: string, v: unknown) => {
     if (typeof v !== "number" || !Number.isFinite(v)) throw new DkiArgumentError(`config.${name} must be a finite number, got ${shown(v)}`);
@@ -167,6 +204,7 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
   choice("memoryEncoding", c.memoryEncoding, ["separate", "joint"]);
   choice("positions", c.positions, ["negative", "prefix"]);
   choice("encodingPrefix", c.encodingPrefix, ["none", "bos", "bos+system"]);
+  choice("alphaScaling", c.alphaScaling, ["value", "logit"]);
   if (typeof c.preferenceEnabled !== "boolean") throw new DkiArgumentError(`config.preferenceEnabled must be true or false, got ${shown(c.preferenceEnabled)}`);
   finite("preferenceAlpha", c.preferenceAlpha);
   if (c.preferenceAlpha < 0) throw new DkiArgumentError(`config.preferenceAlpha must be >= 0, got ${c.preferenceAlpha}`);
@@ -179,6 +217,38 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
   choice("chatTemplate", c.chatTemplate, ["auto", "never"]);
   if (c.systemPrompt !== undefined && typeof c.systemPrompt !== "string") throw new DkiArgumentError(`config.systemPrompt must be a string, got ${shown(c.systemPrompt)}`);
   return c;
+}
+
+/** The block fix with CacheBlend's default ratio filled in; a DkiArgumentError names a bad kind, field or value. */
+function resolveBlockFix(input: BlockFixInput | undefined): BlockFix {
+  if (input === undefined) return DEFAULT_CONFIG.blockFix;
+  const where = "config.blockFix";
+  if (input === null || typeof input !== "object") throw new DkiArgumentError(`${where} must be an object such as { kind: "epic", recomputeTokens: 16 }, got ${shown(input)}`);
+  const fields: Record<BlockFix["kind"], string[]> = { none: [], epic: ["recomputeTokens"], cacheblend: ["ratio"], ape: ["temperature", "scale"] };
+  const kind = input.kind;
+  if (!Object.hasOwn(fields, kind)) throw new DkiArgumentError(`${where}.kind must be one of "none", "epic", "cacheblend", "ape", got ${shown(kind)}`);
+  for (const key of Object.keys(input))
+    if (key !== "kind" && !fields[kind].includes(key)) throw new DkiArgumentError(`${where}.${key} is not an option of kind ${JSON.stringify(kind)} (it takes ${fields[kind].join(", ") || "none"})`);
+  const positive = (name: string, v: unknown): number => {
+    if (typeof v !== "number" || !Number.isFinite(Math.fround(v)) || !(Math.fround(v) > 0)) throw new DkiArgumentError(`${where}.${name} must be a finite number > 0, got ${shown(v)}`);
+    return v;
+  };
+  switch (input.kind) {
+    case "none":
+      return { kind: "none" };
+    case "epic": {
+      const k = input.recomputeTokens;
+      if (!Number.isSafeInteger(k) || k < 0) throw new DkiArgumentError(`${where}.recomputeTokens must be an integer >= 0, got ${shown(k)}`);
+      return { kind: "epic", recomputeTokens: k };
+    }
+    case "cacheblend": {
+      const r = input.ratio ?? CACHEBLEND_DEFAULT_RATIO;
+      if (typeof r !== "number" || !(r >= 0 && r <= 1)) throw new DkiArgumentError(`${where}.ratio must be a number in [0, 1], got ${shown(r)}`);
+      return { kind: "cacheblend", ratio: r };
+    }
+    case "ape":
+      return { kind: "ape", temperature: positive("temperature", input.temperature), scale: positive("scale", input.scale) };
+  }
 }
 
 /** τ and its source: the caller's (even 0), else the embedder's calibrated one, else the fallback. */

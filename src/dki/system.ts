@@ -20,9 +20,9 @@ import type { FinishReason } from "../engine/generate.js";
 import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
-import { afterBos, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
+import { afterBos, applyBlockFix, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
-import type { DKIConfig, EncodingPrefix, MemoryEncoding, MemoryOrder } from "./config.js";
+import type { BlockFix, DKIConfig, EncodingPrefix, MemoryEncoding, MemoryOrder } from "./config.js";
 import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
@@ -101,6 +101,8 @@ export interface DKIMetadata {
   sessionId: string;
   positions: PositionStrategy;
   encodingPrefix: EncodingPrefix;
+  /** The fix applied to the separately encoded blocks (config.blockFix). */
+  blockFix: BlockFix;
   memoryOrder: MemoryOrder;
   memoryEncoding: MemoryEncoding;
   /** The layer's own time (total − prefill − decode − K/V computes − queue − entropy probe). */
@@ -180,6 +182,11 @@ export class DKISystem {
     return openSystem("DKISystem", o, async (p) => {
       const cache = await p.openCache();
       const { store, config } = await p.openStore();
+      const fix = config.blockFix.kind;
+      // (What was opened is closed again by openSystem.)
+      if (p.model.info.device === "cuda" && (fix === "cacheblend" || fix === "ape")) {
+        throw new DkiArgumentError(`config.blockFix ${JSON.stringify(fix)} runs on the CPU only; this model is loaded on CUDA (use "none" or "epic" there)`);
+      }
       const history = o.history ? o.history(store) : new FlatHistoryProvider(store);
       return new DKISystem(p.model, p.ownsModel, store, cache, config, history);
     });
@@ -381,16 +388,26 @@ export class DKISystem {
     // The engine's rule: a block is injected exactly when its α ≥ alphaThreshold (α = 0 included at threshold 0).
     const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold;
     if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
+    // APE: score/T + ln(s·α) on the memory blocks' columns (logit scaling carries s and α).
+    const fix = c.blockFix;
+    const memoryScores: Pick<BlockSpec, "alpha" | "scaling" | "temperature"> =
+      fix.kind === "ape" ? { alpha: gating.alpha * fix.scale, scaling: "logit", temperature: fix.temperature } : { alpha: gating.alpha, scaling: c.alphaScaling };
     if (c.memoryEncoding === "joint" && memories.length > 0) {
-      specs.push({ name: memories.map((m) => m.r.memory.id).join("+"), tokens: memories.flatMap((m) => m.tokens), alpha: gating.alpha });
+      specs.push({ name: memories.map((m) => m.r.memory.id).join("+"), tokens: memories.flatMap((m) => m.tokens), ...memoryScores });
     } else {
-      for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, alpha: gating.alpha });
+      for (const m of memories) specs.push({ name: m.r.memory.id, tokens: m.tokens, ...memoryScores });
     }
 
     let assembly: Assembly | null = null;
     if (specs.length > 0) {
       t = performance.now();
       assembly = await assembleBlocks(this.cache, opts.userId, plan.prefix, specs);
+      try {
+        assembly = await applyBlockFix(assembly, fix, { cache: this.cache, model: this.model, userId: opts.userId, prefix: plan.prefix });
+      } catch (e) {
+        assembly.release();
+        throw e;
+      }
       addBlockLoads(lat, assembly.blocks);
     }
     const segments: Segment[] = assembly?.segments ?? [];
@@ -448,6 +465,7 @@ export class DKISystem {
         sessionId: opts.sessionId,
         positions: this.config.positions,
         encodingPrefix: this.config.encodingPrefix,
+        blockFix: this.config.blockFix,
         memoryOrder: this.config.memoryOrder,
         memoryEncoding: this.config.memoryEncoding,
         layerMs: 0,
@@ -507,6 +525,7 @@ export class DKISystem {
     if (keys) this.sessionKeys.delete(sessionId);
     this.sessionKeys.set(sessionId, (keys ??= new Set()));
     for (const b of a.blocks) keys.add(b.key);
+    for (const k of a.fixKeys) keys.add(k);
     // A long-running server sees sessions without end; what it remembers for them must not grow so.
     if (this.sessionKeys.size > TRACKED_SESSIONS) this.sessionKeys.delete(this.sessionKeys.keys().next().value!);
   }

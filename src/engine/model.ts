@@ -20,6 +20,11 @@ export interface Segment {
   alpha?: number;
   /** "value" (default): V ← α·V, keys untouched. "logit": ln α added to the block's attention scores. */
   scaling?: "value" | "logit";
+  /**
+   * Divides the block's attention scores before ln α is added (APE's score/T + ln s, with s the
+   * logit-scaled α); default 1. Finite and > 0; the CPU runs it, a model on CUDA refuses T ≠ 1.
+   */
+  temperature?: number;
 }
 
 /**
@@ -46,6 +51,13 @@ export interface ComputeBlockOptions {
   prefix?: number[];
   /** Keep the block in GPU memory (a model loaded with device "cuda" only): it never crosses PCIe. */
   onDevice?: boolean;
+}
+
+export interface BlendOptions {
+  /** Share of the memory tokens recomputed, in [0, 1]. */
+  ratio: number;
+  /** What the blocks were encoded behind: token ids (default none) or their K/V block, ending where the first block starts. */
+  prefix?: number[] | KVBlock;
 }
 
 export interface EntropyProbe {
@@ -320,6 +332,34 @@ export class Model {
   }
 
   /**
+   * CacheBlend (Yao et al., 2024): `blocks`, each encoded on its own, as one block placed from the
+   * first one's position and brought toward their joint encoding behind `prefix`: the ⌈ratio·n⌉
+   * tokens whose layer-1 K/V deviate most from the joint ones are recomputed at every later layer,
+   * reading the others' cached K/V (native/blend.h). ratio 0 gives their concatenation, 1 the
+   * joint encoding (computeBlock of all their tokens behind the prefix). `prefix`: the tokens
+   * the blocks were encoded behind (computed now, ending where the first block starts), or their
+   * block. CPU only. Off the main thread.
+   */
+  async blendBlocks(blocks: KVBlock[], opts: BlendOptions): Promise<KVBlock> {
+    if (!Array.isArray(blocks) || blocks.length === 0 || !blocks.every((b) => b instanceof KVBlock)) throw new DkiArgumentError("blendBlocks needs a non-empty array of KVBlocks");
+    if (opts === null || typeof opts !== "object") throw new DkiArgumentError("blendBlocks needs options { ratio, prefix? }");
+    const { ratio } = opts;
+    if (typeof ratio !== "number" || !(ratio >= 0 && ratio <= 1)) throw new DkiArgumentError(`blendBlocks: ratio must be a number in [0, 1], got ${shown(ratio)}`);
+    if (this.info.device === "cuda") throw new DkiArgumentError('blendBlocks (CacheBlend, blockFix "cacheblend") runs on the CPU only; this model is loaded on CUDA');
+    for (const b of blocks) if (b.fingerprint !== this.info.fingerprint) throw new DkiArgumentError("blendBlocks: a block was computed by another model (fingerprint mismatch)");
+    const given = opts.prefix ?? [];
+    let prefix: KVBlock | null = null;
+    if (given instanceof KVBlock) prefix = given;
+    else if (!Array.isArray(given)) throw new DkiArgumentError("blendBlocks: prefix must be token ids or a KVBlock");
+    else if (given.length > 0) prefix = await this.computeBlock(given, { startPos: blocks[0]!.startPos - given.length });
+    try {
+      return new KVBlock(await native().blendBlocks(this.nativeHandle(), prefix?.nativeHandle() ?? null, blocks.map((b) => b.nativeHandle()), ratio), this.nativeHandle());
+    } finally {
+      if (prefix !== null && prefix !== given) prefix.dispose();
+    }
+  }
+
+  /**
    * Installs the segments that pass the α threshold into ctx at the positions the strategy
    * asks for; returns the blocks it made (remapped copies, on a GPU) so the caller can free them.
    */
@@ -338,13 +378,18 @@ export class Model {
       if (typeof alpha !== "number" || !Number.isFinite(Math.fround(alpha)) || alpha < 0)
         throw new DkiArgumentError(`segments[${index}]: alpha must be a finite number >= 0 (as a 32-bit float, at most ~3.4e38), got ${shown(alpha)}`);
       if (scaling !== "value" && scaling !== "logit") throw new DkiArgumentError(`segment scaling must be "value" or "logit", got ${JSON.stringify(scaling)}`);
+      const temperature = s.temperature ?? 1;
+      if (typeof temperature !== "number" || !Number.isFinite(Math.fround(temperature)) || !(Math.fround(temperature) > 0))
+        throw new DkiArgumentError(`segments[${index}]: temperature must be a finite number > 0 (as a 32-bit float), got ${shown(temperature)}`);
+      if (temperature !== 1 && this.info.device === "cuda")
+        throw new DkiArgumentError(`segments[${index}]: temperature ${temperature} (APE) runs on the CPU only; this model is loaded on CUDA`);
       if (s.kv.fingerprint !== this.info.fingerprint) throw new DkiArgumentError("a segment's K/V block was computed by another model (fingerprint mismatch)");
       // The rule is exactly "injected when α >= alphaThreshold": α = 0 with threshold 0 is
       // injected (value scaling: its columns keep their softmax share with zero values).
       if (alpha < threshold) continue;
       if (scaling === "logit" && alpha === 0)
         throw new DkiArgumentError(`segments[${index}]: alpha 0 with logit scaling would add ln 0 = -inf to its scores; leave the segment out (or raise alphaThreshold above 0) instead`);
-      kept.push({ index, kv: s.kv, alpha, scaling });
+      kept.push({ index, kv: s.kv, alpha, scaling, temperature });
     }
     const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
     // Before the remapped copies below: an injection the GPU cannot hold would otherwise first
@@ -363,7 +408,7 @@ export class Model {
         made.push(kv);
         shift = 0;
       }
-      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit", shift });
+      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit", shift, temperature: s.temperature });
       at += s.kv.nTokens;
     }
     ctx.reset(positions === "negative" ? 0 : total);

@@ -73,6 +73,8 @@ export interface NativeSegment {
   logit: boolean;
   /** The block sits at its startPos + shift (default 0), with no remapped copy made on the CPU. */
   shift?: number;
+  /** Divides the block's attention scores (default 1); finite and > 0. CPU only: CUDA refuses one ≠ 1. */
+  temperature?: number;
 }
 
 /** Which logits eval returns: none, the last row, or every row. */
@@ -163,6 +165,12 @@ export interface NativeAddon {
   NativeSampler: new (params: NativeSamplingParams) => NativeSamplerHandle;
   remapBlock(model: NativeModelHandle, block: NativeKVBlockHandle, newStart: number): Promise<NativeKVBlockHandle>;
   concatBlocks(model: NativeModelHandle, blocks: NativeKVBlockHandle[]): Promise<NativeKVBlockHandle>;
+  /**
+   * CacheBlend: the blocks concatenated, with the ⌈ratio·n⌉ tokens whose layer-1 K/V deviate most
+   * from a joint encoding behind `prefix` (a block ending where the first block starts, or null)
+   * recomputed at every later layer (native/blend.h). CPU models and host blocks only.
+   */
+  blendBlocks(model: NativeModelHandle, prefix: NativeKVBlockHandle | null, blocks: NativeKVBlockHandle[], ratio: number): Promise<NativeKVBlockHandle>;
   /**
    * deviceIndex ≥ 0: decoded on that GPU into a device block (CUDA builds). copy (default true):
    * the bytes are copied on the calling thread first; false reads them in place on the worker

@@ -6,6 +6,7 @@
 // K/V (keys already rotated at their own positions), visible to every own token; own tokens
 // see themselves and the own tokens before them (causal). A segment with scaling "value"
 // contributes alpha·V (keys untouched); with "logit" it adds ln(alpha) to its columns' scores.
+// A segment's temperature T divides its columns' scores before that (APE: score/T + ln s).
 import { closeSync, openSync, readSync } from "node:fs";
 import { readHfFolder } from "../../src/formats/hf-folder.js";
 import type { ModelConfig } from "../../src/formats/hf-config.js";
@@ -166,6 +167,8 @@ export interface RefSegment {
   nTokens: number;
   alpha: number;
   scaling: "value" | "logit";
+  /** Divides the segment's scores (default 1). */
+  temperature?: number;
 }
 
 export interface RefOutput {
@@ -254,18 +257,18 @@ export function refForward(
       for (let h = 0; h < nH; h++) {
         const kvh = Math.floor(h / group);
         // Columns: key, value, additive score bias and value multiplier of each visible token.
-        const cols: { k: Float64Array; kOff: number; v: Float64Array; vOff: number; bias: number; vScale: number }[] = [];
+        const cols: { k: Float64Array; kOff: number; v: Float64Array; vOff: number; bias: number; vScale: number; temperature: number }[] = [];
         for (const s of segments) {
           const bias = s.scaling === "logit" ? Math.log(s.alpha) : 0;
           const vScale = s.scaling === "value" ? s.alpha : 1;
           for (let j = 0; j < s.nTokens; j++) {
             const off = (kvh * s.nTokens + j) * hd;
-            cols.push({ k: s.k[l], kOff: off, v: s.v[l], vOff: off, bias, vScale });
+            cols.push({ k: s.k[l], kOff: off, v: s.v[l], vOff: off, bias, vScale, temperature: s.temperature ?? 1 });
           }
         }
         for (let j = 0; j <= t; j++) {
           const off = (kvh * T + j) * hd;
-          cols.push({ k: K, kOff: off, v: V, vOff: off, bias: 0, vScale: 1 });
+          cols.push({ k: K, kOff: off, v: V, vOff: off, bias: 0, vScale: 1, temperature: 1 });
         }
         // Scores, softmax.
         const scores = new Float64Array(cols.length);
@@ -273,7 +276,7 @@ export function refForward(
         for (let j = 0; j < cols.length; j++) {
           let dot = 0;
           for (let d = 0; d < hd; d++) dot += q[t][h * hd + d] * cols[j].k[cols[j].kOff + d];
-          scores[j] = dot * attnScale + cols[j].bias;
+          scores[j] = (dot * attnScale) / cols[j].temperature + cols[j].bias;
           if (scores[j] > max) max = scores[j];
         }
         let sum = 0;
