@@ -3,6 +3,7 @@ import type { Command } from "commander";
 import { Model, type Device, type InjectionOptions } from "../engine/model.js";
 import type { GenerateResult } from "../engine/generate.js";
 import { native } from "../engine/native.js";
+import { formatThreads } from "../engine/threads.js";
 import { DkiArgumentError } from "../errors.js";
 import { intOption, numberOption, tokenListOption, choiceOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
@@ -165,6 +166,7 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
             decode_tok_s: round(s.decodeTokPerS, 2),
             ttft_ms: round(s.timeToFirstTokenMs),
             first_token_entropy: round(s.firstTokenEntropy, 4),
+            threads: model.info.threads.count,
           },
         }) + "\n",
       );
@@ -175,7 +177,8 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
       const firstToken = flags.maxTokens === 0 ? "none" : `${s.timeToFirstTokenMs.toFixed(1)} ms`;
       process.stderr.write(
         `[${promptTokens}: prefill ${s.prefillTokPerS.toFixed(1)} tok/s | ${s.generatedTokens} generated: ` +
-          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${firstToken}${memorySummary(flags, s.segmentTokens)} | ${r.finishReason}]\n`,
+          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | threads ${formatThreads(model.info.threads)} | ` +
+          `first token ${firstToken}${memorySummary(flags, s.segmentTokens)} | ${r.finishReason}]\n`,
       );
     }
   } finally {
@@ -222,9 +225,9 @@ function memoryOptions(cmd: Command): Command {
 const modelOption = ["-m, --model <path>", "model: a Hugging Face model folder or a .gguf file"] as const;
 const checkTensorsOption = ["--check-tensors", "read every weight at load and refuse the model at the first NaN/inf (costs a pass over the files)"] as const;
 
-// The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
-// so that --help works without the addon, and a test holds the two equal.
-const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
+// The engine's thread pool takes 0 (the default) to native().limits.threads (1024); written out
+// here so that --help works without the addon, and a test holds the two equal.
+const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: the CPUs this process may use, see models info)", intOption("--threads", 0, 1024)] as const;
 
 export function registerGenerateCommands(program: Command): void {
   const gen = program
