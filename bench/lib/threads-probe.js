@@ -1,6 +1,7 @@
 // One measurement for bench/threads-contention.js, in its own process (so that a thread count,
 // an affinity or an addon build applies to it alone): loads a GGUF file in this engine or in
-// llama.cpp, then times one prefill and one greedy decode, and prints one JSON line.
+// llama.cpp, warms up (a 16-token prompt and 4 decode steps), then times --reps prefills and
+// greedy decodes, and prints one JSON line with the medians.
 // Usage: node bench/lib/threads-probe.js --engine dki|llama.cpp --model FILE --threads N|default
 //          [--root DIR] [--prefill N] [--decode N] [--reps N]
 // --root: the package root whose dist/ and build/ to load (default: this one); the bench points
@@ -18,7 +19,7 @@ const threadsArg = arg("threads", "default");
 const root = resolve(arg("root", join(dirname(fileURLToPath(import.meta.url)), "..", "..")));
 const PREFILL = Number(arg("prefill", 256));
 const DECODE = Number(arg("decode", 64));
-const REPS = Number(arg("reps", 2));
+const REPS = Number(arg("reps", 1));
 const threads = threadsArg === "default" ? undefined : Number(threadsArg);
 const prompt = Array.from({ length: PREFILL }, (_, i) => 100 + ((i * 7919) % 40000));
 const ms = (t0) => performance.now() - t0;
@@ -33,17 +34,21 @@ async function dki() {
     for (let j = 1; j < logits.length; j++) if (logits[j] > logits[best]) best = j;
     return best;
   };
-  const runs = [];
-  for (let rep = 0; rep <= REPS; rep++) {
-    ctx.reset(0);
-    let t0 = performance.now();
-    await ctx.eval(Int32Array.from(prompt), LogitsMode.Last);
-    const pp = ms(t0);
+  const decode = async (steps) => {
     ctx.reset(0);
     let logits = await ctx.eval(Int32Array.from(prompt.slice(0, 16)), LogitsMode.Last);
-    t0 = performance.now();
-    for (let i = 0; i < DECODE; i++) logits = await ctx.eval(Int32Array.of(greedy(logits)), LogitsMode.Last);
-    if (rep > 0) runs.push({ pp, tg: ms(t0) });  // rep 0 warms up
+    const t0 = performance.now();
+    for (let i = 0; i < steps; i++) logits = await ctx.eval(Int32Array.of(greedy(logits)), LogitsMode.Last);
+    return ms(t0);
+  };
+  await decode(4);
+  const runs = [];
+  for (let rep = 0; rep < REPS; rep++) {
+    ctx.reset(0);
+    const t0 = performance.now();
+    await ctx.eval(Int32Array.from(prompt), LogitsMode.Last);
+    const pp = ms(t0);
+    runs.push({ pp, tg: await decode(DECODE) });
   }
   const used = native().getThreads();
   ctx.dispose();
@@ -59,20 +64,25 @@ async function llamaCpp() {
   const m = await llama.loadModel({ modelPath: model, gpuLayers: 0 });
   const context = await m.createContext({ contextSize: PREFILL + DECODE + 32, batchSize: PREFILL, sequences: 1, threads: { ideal: n, min: n } });
   const seq = context.getSequence();
-  const runs = [];
-  for (let rep = 0; rep <= REPS; rep++) {
+  const decode = async (steps) => {
     await seq.clearHistory();
-    let t0 = performance.now();
-    await seq.evaluateWithoutGeneratingNewTokens(prompt);
-    const pp = ms(t0);
-    await seq.clearHistory();
-    // The first yield comes after the 16-token prompt; DECODE single-token steps follow it.
+    // The first yield comes after the 16-token prompt; `steps` single-token steps follow it.
     let count = 0;
+    let t0 = 0;
     for await (const _ of seq.evaluate(prompt.slice(0, 16), { temperature: 0, yieldEogToken: true })) {
       if (count === 0) t0 = performance.now();
-      if (++count > DECODE) break;
+      if (++count > steps) break;
     }
-    if (rep > 0) runs.push({ pp, tg: ms(t0) });
+    return ms(t0);
+  };
+  await decode(4);
+  const runs = [];
+  for (let rep = 0; rep < REPS; rep++) {
+    await seq.clearHistory();
+    const t0 = performance.now();
+    await seq.evaluateWithoutGeneratingNewTokens(prompt);
+    const pp = ms(t0);
+    runs.push({ pp, tg: await decode(DECODE) });
   }
   await context.dispose();
   await m.dispose();
