@@ -30,6 +30,7 @@ const ROUNDS = Number(flag("rounds", quick ? 1 : 3));
 const REPS = Number(flag("reps", 1));
 const PREFILL = 128;
 const DECODE = 32;
+const PROBE_TIMEOUT_MS = 300_000;
 const baseline = flag("baseline", undefined);
 if (baseline && !existsSync(join(baseline, "build", "Release", "dki_native.node"))) {
   console.error(`--baseline ${baseline}: no build/Release/dki_native.node there (make it with sh bench/threads-baseline.sh REF DIR)`);
@@ -44,9 +45,14 @@ const load = () => loadavg()[0];
 async function probe({ engine, threads, root, decode = DECODE, reps = REPS }) {
   const args = [join(here, "lib", "threads-probe.js"), "--engine", engine, "--model", model, "--threads", String(threads), "--prefill", String(PREFILL), "--decode", String(decode), "--reps", String(reps)];
   if (root) args.push("--root", root);
-  // A probe that has not finished in 5 minutes fails the bench rather than hold it forever.
-  const { stdout } = await run(process.execPath, args, { maxBuffer: 1 << 20, timeout: 300_000 });
-  return JSON.parse(stdout.trim().split("\n").pop());
+  try {
+    const { stdout } = await run(process.execPath, args, { maxBuffer: 1 << 20, timeout: PROBE_TIMEOUT_MS });
+    return JSON.parse(stdout.trim().split("\n").pop());
+  } catch (e) {
+    // A probe this slow is a result (a collapse), not a reason to lose the others: kept as such.
+    if (e.killed) return { engine, threads, ppTokS: NaN, tgTokS: NaN, timedOut: true };
+    throw e;
+  }
 }
 
 /** Rounds of `configs`, forwards then backwards; every result keyed by the config's label. */
@@ -69,19 +75,23 @@ const median = (xs) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 const spread = (xs) => `${Math.min(...xs).toFixed(1)}–${Math.max(...xs).toFixed(1)}`;
+// Over the probes that finished; the ones that timed out are counted beside.
+const finished = (results, key) => results.map((r) => r[key]).filter(Number.isFinite);
+const timedOut = (results) => results.filter((r) => r.timedOut).length;
 const summary = (phase, label, results) => ({
   phase,
-  config: label,
+  config: label + (timedOut(results) ? ` (${timedOut(results)} of ${results.length} probes timed out after ${PROBE_TIMEOUT_MS / 1000} s)` : ""),
   threads: results[0].threads,
-  "prefill tok/s (median)": median(results.map((r) => r.ppTokS)),
-  "prefill min–max": spread(results.map((r) => r.ppTokS)),
-  "decode tok/s (median)": median(results.map((r) => r.tgTokS)),
-  "decode min–max": spread(results.map((r) => r.tgTokS)),
+  "prefill tok/s (median)": finished(results, "ppTokS").length ? median(finished(results, "ppTokS")) : "timed out",
+  "prefill min–max": finished(results, "ppTokS").length ? spread(finished(results, "ppTokS")) : "",
+  "decode tok/s (median)": finished(results, "tgTokS").length ? median(finished(results, "tgTokS")) : "timed out",
+  "decode min–max": finished(results, "tgTokS").length ? spread(finished(results, "tgTokS")) : "",
   "load 1-min avg": spread(results.map((r) => r.load1)),
 });
 /** Per round: a's tok/s ÷ b's (each round's two runs were neighbours in time), then the median and range. */
 function ratio(a, b, key) {
-  const per = a.map((x, i) => x[key] / b[i][key]);
+  const per = a.map((x, i) => x[key] / b[i][key]).filter(Number.isFinite);
+  if (!per.length) return { median: NaN, min: NaN, max: NaN, perRound: [] };
   return { median: median(per), min: Math.min(...per), max: Math.max(...per), perRound: per.map((v) => Number(v.toFixed(3))) };
 }
 
@@ -90,6 +100,8 @@ console.log(`default threads here: ${formatThreads(budget)}; load before: ${load
 
 // --- one competing busy process
 const busy = spawn(process.execPath, ["-e", "for(;;){}"], { stdio: "ignore" });
+// Stopped with the bench, however it stops: a spinning orphan would load the machine for good.
+for (const signal of ["SIGINT", "SIGTERM"]) process.on(signal, () => (busy.kill("SIGKILL"), process.exit(130)));
 let contended;
 let beforeContended = null;
 try {
@@ -102,7 +114,8 @@ try {
   ]);
   // The pool before, once and short: it is slow enough here that a full run would take minutes.
   if (baseline && !quick) {
-    beforeContended = { ...(await probe({ engine: "dki", threads: "default", root: baseline, decode: 8 })), load1: load() };
+    const load1 = load();
+    beforeContended = { ...(await probe({ engine: "dki", threads: "default", root: baseline, decode: 8 })), load1 };
     console.log("contended baseline default", JSON.stringify(beforeContended));
   }
 } finally {
@@ -121,17 +134,7 @@ const quiet = baseline
   : null;
 
 const rows = [...contended.entries()].map(([label, rs]) => summary("1 busy process", label, rs));
-if (beforeContended)
-  rows.push({
-    phase: "1 busy process",
-    config: `dki default (baseline ${baselineCommit.slice(0, 10)}; 1 run, 8 decode tokens)`,
-    threads: beforeContended.threads,
-    "prefill tok/s (median)": beforeContended.ppTokS,
-    "prefill min–max": "",
-    "decode tok/s (median)": beforeContended.tgTokS,
-    "decode min–max": "",
-    "load 1-min avg": beforeContended.load1.toFixed(1),
-  });
+if (beforeContended) rows.push(summary("1 busy process", `dki default (baseline ${baselineCommit.slice(0, 10)}; 1 probe, 8 decode steps)`, [beforeContended]));
 if (quiet) for (const [label, rs] of quiet.entries()) rows.push(summary("quiet", label, rs));
 
 const c = (label) => contended.get(label);
@@ -146,7 +149,7 @@ if (quiet) {
   ratios["quiet decode, this build ÷ baseline"] = ratio(mine, theirs, "tgTokS");
   ratios["quiet prefill, this build ÷ baseline"] = ratio(mine, theirs, "ppTokS");
 }
-const fmtRatio = ([name, r]) => `${name}: median ${r.median.toFixed(3)} (per round ${r.perRound.join(", ")})`;
+const fmtRatio = ([name, r]) => (r.perRound.length ? `${name}: median ${r.median.toFixed(3)} (per round ${r.perRound.join(", ")})` : `${name}: no round where both finished`);
 
 writeResults("threads-contention-cpu", {
   machine: { ...machine(native()), threadsDefault: formatThreads(budget) },
