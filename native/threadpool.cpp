@@ -46,14 +46,24 @@ constexpr auto kPauseOnly = std::chrono::microseconds(2);
 // few enough that per-chunk work (packing, transposing the input) stays a small part.
 constexpr int kChunksPerThread = 4;
 
-// Calls done() until it is true or `budget` has passed; false: the caller should sleep.
+// A yield (or a few pauses) that took this long means another thread ran on this core: the core
+// is contended, and a thread that keeps spinning there takes time from the one it waits for (or
+// from the machine's other work). It sleeps instead, and a sleeper woken by the next loop gets
+// the core sooner than a spinner that has used up its share.
+constexpr auto kContended = std::chrono::microseconds(20);
+
+// Calls done() until it is true, `budget` has passed or the core proves contended; false: the
+// caller should sleep.
 template <class Done>
 bool spin_until(const Done& done, Clock::duration budget) {
   const Clock::time_point start = Clock::now();
+  Clock::time_point last = start;
   for (;;) {
     if (done()) return true;
-    const Clock::duration spent = Clock::now() - start;
-    if (spent >= budget) return false;
+    const Clock::time_point now = Clock::now();
+    const Clock::duration spent = now - start;
+    if (spent >= budget || now - last >= kContended) return false;
+    last = now;
     if (spent < kPauseOnly) {
       for (int i = 0; i < 16; i++) DKI_PAUSE();
     } else {
