@@ -1,15 +1,13 @@
 // Prefill and decode throughput of the native engine on random-weight models at real shapes:
 // first on HF folders (F16/BF16), then against llama.cpp (node-llama-cpp) on the same GGUF files.
 // Usage: node bench/engine.js [--quick] [--gguf-only]   (quick: smollm2-135m only)
-import { closeSync, existsSync, fsyncSync, openSync, readFileSync } from "node:fs";
-import { join } from "node:path";
+import { readFileSync } from "node:fs";
 import { Bench } from "tinybench";
-import { convertHfToGguf } from "../dist/src/models/convert.js";
 import { Model } from "../dist/src/engine/model.js";
 import { native } from "../dist/src/engine/native.js";
 import { LogitsMode } from "../dist/src/engine/native.js";
 import { machine } from "./lib/machine.js";
-import { benchModel } from "./lib/models.js";
+import { benchGguf, benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
 
 const quick = process.argv.includes("--quick");
@@ -74,20 +72,6 @@ const nodeLlamaCppVersion = JSON.parse(readFileSync(new URL("../node_modules/nod
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false });
 const threads = native().getThreads();
 
-async function ggufFile(preset, type) {
-  const file = join(await benchModel(preset, "f16"), "..", `llama-${preset}-${type}.gguf`);
-  if (!existsSync(file)) {
-    process.stderr.write(`converting to ${file} ...\n`);
-    await convertHfToGguf({ dir: await benchModel(preset, "f16"), out: file, type });
-  }
-  // A freshly written file is still being flushed to disk for a while; timing during that
-  // write-back would charge whichever engine runs first.
-  const fd = openSync(file, "r");
-  fsyncSync(fd);
-  closeSync(fd);
-  return file;
-}
-
 /** pp: one PREFILL-token prompt; tg: DECODE greedy tokens after a 16-token prompt. Mean ms of each. */
 async function timeOurs(file, iterations) {
   const model = await Model.load(file, { contextSize: PREFILL + DECODE + 8, threads });
@@ -139,7 +123,7 @@ async function timeLlamaCpp(file, iterations) {
 const versus = [];
 for (const preset of quick ? ["smollm2-135m"] : ["smollm2-135m", "llama-1b"]) {
   for (const type of ["f16", "q8_0"]) {
-    const file = await ggufFile(preset, type);
+    const file = await benchGguf(preset, type);
     const iterations = preset === "llama-1b" ? 2 : 3;
     const [ourPp, ourTg] = await timeOurs(file, iterations);
     const [theirPp, theirTg] = await timeLlamaCpp(file, iterations);

@@ -6,8 +6,9 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js", "dki-vs-rag": "dki-vs-rag.js", "relevance-calibration": "calibrate-relevance.js" };
-// The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh).
+const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js", "dki-vs-rag": "dki-vs-rag.js", "relevance-calibration": "calibrate-relevance.js", "threads-contention": "threads-contention.js" };
+// The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh);
+// threads-contention loads the machine on purpose and wants a baseline build (see its header).
 const defaults = ["engine", "injection", "cache", "cache-burst", "peak-rss", "memory", "relevance-calibration", "dki-chat", "dki-vs-rag"];
 const args = process.argv.slice(2);
 const firstFlag = args.findIndex((a) => a.startsWith("--"));

@@ -1065,7 +1065,7 @@ class SamplerWrap : public Napi::ObjectWrap<SamplerWrap> {
 
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: all cores)", 0, kMaxThreads);
+  const int n = int_arg(info, 0, "setThreads(n: number)", "thread count (0: the default)", 0, kMaxThreads);
   g_settings.request([n] { set_thread_count(n); });
   return env.Undefined();
 }
@@ -1094,6 +1094,19 @@ Napi::Value KVPoolBytes(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), thread_pool().size()); }
+
+// threadBudget() → { threads, affinity, cgroupQuota, cgroupFile }: the default thread count and
+// what it came from (cgroupQuota in CPUs and cgroupFile null when no quota applies).
+Napi::Value ThreadBudgetJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const ThreadBudget& b = thread_budget();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("threads", b.threads);
+  o.Set("affinity", b.affinity);
+  o.Set("cgroupQuota", b.cgroup_quota > 0 ? Napi::Value(Napi::Number::New(env, b.cgroup_quota)) : env.Null());
+  o.Set("cgroupFile", b.cgroup_quota > 0 ? Napi::Value(Napi::String::New(env, b.cgroup_file)) : env.Null());
+  return o;
+}
 
 Napi::Value SetSimd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -1217,6 +1230,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("deserializeBlock", Napi::Function::New(env, DeserializeBlock));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("getThreads", Napi::Function::New(env, GetThreads));
+  exports.Set("threadBudget", Napi::Function::New(env, ThreadBudgetJs));
   exports.Set("setKVPoolBytes", Napi::Function::New(env, SetKVPoolBytes));
   exports.Set("kvPoolBytes", Napi::Function::New(env, KVPoolBytes));
   exports.Set("setSimd", Napi::Function::New(env, SetSimd));

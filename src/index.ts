@@ -3,6 +3,7 @@ export { Model, resolveDevice, type Device, type LoadOptions, type ModelInfo, ty
 export type { BlendOptions } from "./engine/model.js";
 export { entropy, type GenerateOptions, type GenerateResult, type GenerationStats, type SamplingOptions, type FinishReason } from "./engine/generate.js";
 export { native } from "./engine/native.js";
+export { threadsInfo, formatThreads, type ThreadsInfo } from "./engine/threads.js";
 export { KVBlock, type BlockModel, type DeserializeOptions, type KVStorage } from "./kv/kv-block.js";
 export { TieredKVCache, CorruptEntryError, FolderLockedError, blockKey, userHash, type BlockRequest, type CacheBudgets, type CacheHit, type CacheModel, type CacheStats, type Tier, type TierStats, type TieredKVCacheOptions } from "./cache/index.js";
 export { Tokenizer } from "./tokenizer/tokenizer.js";

@@ -15,8 +15,8 @@ describe("Model.load options", () => {
   test.each([
     [{ contextSize: 1e9 }, /contextSize must be an integer from 1 to 16777216, got 1000000000/],
     [{ contextSize: 0 }, /contextSize must be an integer from 1 to 16777216, got 0/],
-    [{ threads: "2" }, /threads must be an integer from 0 \(all cores\) to 1024, got "2"/],
-    [{ threads: 5000 }, /threads must be an integer from 0 \(all cores\) to 1024, got 5000/],
+    [{ threads: "2" }, /threads must be an integer from 0 \(the default\) to 1024, got "2"/],
+    [{ threads: 5000 }, /threads must be an integer from 0 \(the default\) to 1024, got 5000/],
     [{ deviceIndex: -1 }, /deviceIndex must be an integer from 0 to 1023, got -1/],
     [{ deviceIndex: 1024 }, /deviceIndex must be an integer from 0 to 1023, got 1024/],
     [{ quantize: "q4" }, /quantize must be "none" or "q8_0", got "q4"/],

@@ -67,7 +67,7 @@ describe("dki generate", () => {
     expect(two.stderr).toMatch(/^\[2 prompt tokens: .*\| first token \d+\.\d ms \|/);
   });
 
-  test("--context-size sets the context window; --threads 0 means all cores", async () => {
+  test("--context-size sets the context window; --threads 0 means the default", async () => {
     const args = ["generate", "--model", dir, "--prompt-tokens", "1,2,3", "-n", "10", "--format", "json"];
     const r = JSON.parse((await dki([...args, "--context-size", "5", "--threads", "0"])).stdout);
     expect(r.finish_reason).toBe("context");

@@ -161,7 +161,7 @@ describe("arguments", () => {
       const block = ctx.exportBlock(0, 4);
       expect(() => block.slice(0, 2 ** 32 + 1)).toThrow(/to must be an integer from 0 to 2147483647/);
       expect(() => addon.remapBlock(model, block, 2 ** 31)).toThrow(/newStart must be an integer from -536870912 to 536870912/);
-      expect(() => addon.setThreads(2 ** 32 + 1)).toThrow(/thread count \(0: all cores\) must be an integer from 0 to 1024/);
+      expect(() => addon.setThreads(2 ** 32 + 1)).toThrow(/thread count \(0: the default\) must be an integer from 0 to 1024/);
       block.dispose();
     } finally {
       ctx.dispose();

@@ -55,7 +55,7 @@ export function registerEval(program: Command): Command {
     .option("--max-answer-tokens <n>", "answer tokens at most", intOption("--max-answer-tokens", 1, 4096), 24)
     .option("--memory-max-tokens <n>", "memory tokens dki* inject per question at most (default 1024)", intOption("--memory-max-tokens", 1))
     .option("--device <d>", "cpu or cuda", choiceOption("--device", ["cpu", "cuda"] as const), "cpu")
-    .option("--threads <n>", "engine threads (default: all cores; on a busy machine 1 can be many times faster)", intOption("--threads", 1, 1024))
+    .option("--threads <n>", "engine threads (default: the CPUs this process may use)", intOption("--threads", 1, 1024))
     .option("--ctx <n>", "the model's own-token window (full drops the oldest turns to fit it)", intOption("--ctx", 1))
     .option("--judge <path>", "a judge model (HF folder or GGUF) for LongMemEval's yes/no verdicts")
     .option("--embedder <dir>", EMBEDDER_HELP)

@@ -3,6 +3,7 @@ import type { Command } from "commander";
 import { Model, type Device, type InjectionOptions } from "../engine/model.js";
 import type { GenerateResult } from "../engine/generate.js";
 import { native } from "../engine/native.js";
+import { formatThreads } from "../engine/threads.js";
 import { DkiArgumentError } from "../errors.js";
 import { choiceOption, deviceOption, intOption, numberOption, threadsOption, tokenListOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
@@ -165,6 +166,7 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
             decode_tok_s: round(s.decodeTokPerS, 2),
             ttft_ms: round(s.timeToFirstTokenMs),
             first_token_entropy: round(s.firstTokenEntropy, 4),
+            threads: model.info.threads.count,
           },
         }) + "\n",
       );
@@ -175,7 +177,8 @@ async function generate(flags: GenerateFlags & MemoryFlags, cmd: Command): Promi
       const firstToken = flags.maxTokens === 0 ? "none" : `${s.timeToFirstTokenMs.toFixed(1)} ms`;
       process.stderr.write(
         `[${promptTokens}: prefill ${s.prefillTokPerS.toFixed(1)} tok/s | ${s.generatedTokens} generated: ` +
-          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | first token ${firstToken}${memorySummary(flags, s.segmentTokens)} | ${r.finishReason}]\n`,
+          `decode ${s.decodeTokPerS.toFixed(1)} tok/s | threads ${formatThreads(model.info.threads)} | ` +
+          `first token ${firstToken}${memorySummary(flags, s.segmentTokens)} | ${r.finishReason}]\n`,
       );
     }
   } finally {

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import cliProgress from "cli-progress";
 import type { Command } from "commander";
 import { formatBytes, formatModelInfo, modelInfo } from "../models/info.js";
+import { threadsInfo } from "../engine/threads.js";
 import { convertHfToGguf, GGUF_OUT_TYPES, type GgufOutType } from "../models/convert.js";
 import { makeTinyModel, TINY_ARCHES, TINY_DTYPES, TINY_PRESETS, type TinyArch, type TinyDType, type TinyPreset } from "../models/make-tiny.js";
 import { pullModel, type PullProgress } from "../models/pull.js";
@@ -98,7 +99,8 @@ async function pull(name: string, flags: PullFlags): Promise<void> {
 
 async function info(path: string, flags: FormatFlags): Promise<void> {
   await checkModelPath(path, "<path>");
-  const i = await modelInfo(path);
+  // The threads a generate would run here, beside what the file holds.
+  const i = { ...(await modelInfo(path)), threads: threadsInfo() };
   process.stdout.write(flags.format === "json" ? JSON.stringify(i, null, 2) + "\n" : formatModelInfo(i));
 }
 

@@ -99,9 +99,9 @@ export async function embedderOption(dir: string | undefined): Promise<Embedder 
   return dir === undefined ? undefined : OnnxEmbedder.load(dir);
 }
 
-// The engine's thread pool takes 0 (all cores) to native().limits.threads (1024); written out here
+// The engine's thread pool takes 0 (the default) to native().limits.threads (1024); written out here
 // so that --help works without the addon, and a test holds the two equal.
-export const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: all cores)", intOption("--threads", 0, 1024)] as const;
+export const threadsOption = ["--threads <n>", "worker threads, 0 to 1024 (default and 0: the CPUs this process may use, see models info)", intOption("--threads", 0, 1024)] as const;
 
 export const deviceOption = ["--device <device>", "cpu, cuda (needs npm run build:cuda and a GPU) or auto", choiceOption("--device", ["cpu", "cuda", "auto"] as const), "cpu"] as const;
 

@@ -12,6 +12,7 @@ import { Semaphore } from "../util/semaphore.js";
 import { isNativeNonFinite, LogitsMode, native, type NativeConfig, type NativeContextHandle, type NativeModelHandle, type NativeSegment, type NativeTensorSpec } from "./native.js";
 import { entropy, runGeneration, type GenerateOptions, type GenerateResult } from "./generate.js";
 import { KVBlock } from "../kv/kv-block.js";
+import { threadsInfo, type ThreadsInfo } from "./threads.js";
 
 /** A K/V block injected into attention with its own strength. */
 export interface Segment {
@@ -68,7 +69,10 @@ export interface EntropyProbe {
 }
 
 export interface LoadOptions {
-  /** Worker threads for the engine (default: all cores). Applies process-wide. */
+  /**
+   * Worker threads for the engine (default and 0: the CPUs this process may use: its affinity
+   * mask, capped by its cgroup CPU quota; see ModelInfo.threads). Applies process-wide.
+   */
   threads?: number;
   /**
    * Own-token window of the default context (default: min(config max positions, 4096)). It may
@@ -104,7 +108,7 @@ function checkLoadOptions(opts: LoadOptions): void {
       throw new DkiArgumentError(`${name} must be ${meaning}, got ${shown(v)}`);
   };
   const maxThreads = native().limits.threads;
-  integerIn("threads", opts.threads, 0, maxThreads, `an integer from 0 (all cores) to ${maxThreads}`);
+  integerIn("threads", opts.threads, 0, maxThreads, `an integer from 0 (the default) to ${maxThreads}`);
   integerIn("contextSize", opts.contextSize, 1, native().limits.contextTokens, `an integer from 1 to ${native().limits.contextTokens}`);
   const maxDevice = native().limits.deviceIndex;
   integerIn("deviceIndex", opts.deviceIndex, 0, maxDevice, `an integer from 0 to ${maxDevice}`);
@@ -156,6 +160,8 @@ export interface ModelInfo {
   /** Where the model runs; deviceBytes are the weight bytes held in GPU memory (0 on the CPU). */
   device: "cpu" | "cuda";
   deviceBytes: number;
+  /** The engine's threads when the model was loaded, and where the default count came from. */
+  threads: ThreadsInfo;
   /**
    * What the caller should know about this load, said once: a context window beyond the
    * positions the model was trained on (it works; quality past them is the model's).
@@ -251,6 +257,7 @@ export class Model {
       dtypes: opts.quantize === "q8_0" ? ["Q8_0", "F32"] : [...new Set(files.tensors.map((t) => t.dtype))],
       device: ni.device,
       deviceBytes: ni.deviceBytes,
+      threads: threadsInfo(),
       warnings,
     };
     const model = new Model(handle, tokenizer, info, contextSize);

@@ -144,10 +144,17 @@ export interface NativeLimits extends ModelShape {
   position: number;
   /** A context's first own position (reset's posBase) stays within ± this. */
   positionBase: number;
-  /** Engine threads (setThreads; 0 means all cores). */
+  /** Engine threads (setThreads; 0 means the default, threadBudget().threads). */
   threads: number;
   /** GPU indices run from 0 to this. */
   deviceIndex: number;
+}
+
+export interface NativeThreadBudget {
+  threads: number;
+  affinity: number;
+  cgroupQuota: number | null;
+  cgroupFile: string | null;
 }
 
 export interface NativeAddon {
@@ -184,6 +191,12 @@ export interface NativeAddon {
    */
   setThreads(n: number): void;
   getThreads(): number;
+  /**
+   * The default thread count and where it came from: the CPUs of the process's affinity mask,
+   * capped by its cgroup's CPU quota rounded up (cgroupQuota in CPUs and cgroupFile are null when
+   * there is none), at least 1. Read once per process; $DKI_CGROUP_ROOT replaces /sys/fs/cgroup.
+   */
+  threadBudget(): NativeThreadBudget;
   /**
    * Bytes of freed K/V block buffers kept for reuse (host buffers of ≥ 256 KiB; in CUDA builds
    * each GPU keeps as much again of its own); default 256 MiB, 0 keeps none.

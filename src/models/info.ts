@@ -5,6 +5,7 @@ import { basename, join } from "node:path";
 import type { Arch, Llama3RopeScaling, ModelConfig } from "../formats/hf-config.js";
 import { readHfFolder } from "../formats/hf-folder.js";
 import { readGgufModel } from "../formats/gguf-model.js";
+import { formatThreads, type ThreadsInfo } from "../engine/threads.js";
 
 export interface ModelShapes {
   layers: number;
@@ -38,6 +39,8 @@ export interface ModelInfo {
   maxPositionEmbeddings: number;
   rmsNormEps: number;
   hasTokenizer: boolean;
+  /** The engine's threads on this machine and where the default came from (the CLI adds it). */
+  threads?: ThreadsInfo;
 }
 
 /** The fields of ModelInfo that the config alone gives, alike for both formats. */
@@ -145,6 +148,7 @@ export function formatModelInfo(info: ModelInfo): string {
     ["context", `${info.maxPositionEmbeddings} positions, rms_norm_eps ${info.rmsNormEps}`],
     ["files", info.files.map((f) => `${f.name} (${formatBytes(f.bytes)})`).join(", ")],
   ];
+  if (info.threads) rows.push(["threads", formatThreads(info.threads)]);
   if (!info.hasTokenizer) rows.push(["note", `no ${info.format === "gguf" ? "tokenizer.ggml metadata" : "tokenizer.json"}: text prompts will not work, token ids will`]);
   const width = Math.max(...rows.map(([k]) => k.length));
   return [info.path, ...rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`)].join("\n") + "\n";
