@@ -20,3 +20,4 @@ export { terms } from "./memory/text-terms.js";
 export * from "./memory/index.js";
 export { DKISystem, DEFAULT_BUDGETS, analyzeBudget, assembleBlocks, canonicalStart, routeMemories, decideGating, gateAlpha, resolveConfig, buildHybridPrompt, formatHistory, mergePreferences, renderPrompt, detectLanguage, tokenCounter, layerCostMs, FlatHistoryProvider, FairQueue, HISTORY_TEMPLATES, HISTORY_MARKERS, type DKISystemOptions, type ChatOptions, type DKIResponse, type DKIMetadata, type DKIStats, type MemoryUsed, type BlockOrigin, type HybridInjectionInfo, type DKIConfig, type DKIConfigInput, type GatingConfig, type RelevanceThresholdSource, type GatingDecision, type BudgetAnalysis, type LatencyBreakdown, type HistoryProvider, type HistoryRequest, type HistorySuffix, type BlockSpec, type BlockSource, type Assembly, type AssembledBlock, type TokenCounter, type RouteOptions } from "./dki/index.js";
 export * from "./rag/index.js";
+export * from "./recall/index.js";

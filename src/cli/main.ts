@@ -10,6 +10,7 @@ import { registerChatCommand } from "./chat.js";
 import { registerKbCommand } from "./kb.js";
 import { registerRagCommand } from "./rag.js";
 import { registerMemoryCommands } from "./memory.js";
+import { registerRecallCommand } from "./recall.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -37,6 +38,7 @@ registerChatCommand(program);
 registerKbCommand(program);
 registerRagCommand(program);
 registerMemoryCommands(program);
+registerRecallCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

@@ -4,6 +4,7 @@
 import { DkiArgumentError } from "../errors.js";
 import type { PositionStrategy } from "../engine/model.js";
 import type { Embedder } from "../memory/types.js";
+import { resolveRecallConfig, type RecallConfig, type RecallConfigInput } from "../recall/config.js";
 
 /** What each memory block is encoded behind (part of its cache key). */
 export type EncodingPrefix = "none" | "bos" | "bos+system";
@@ -83,6 +84,8 @@ export interface DKIConfig {
   chatTemplate: "auto" | "never";
   /** Default system prompt (a turn's own systemPrompt replaces it). */
   systemPrompt?: string;
+  /** Recall v4 (seed 003 §5; src/recall/): when enabled, it replaces the flat history. */
+  recall: RecallConfig;
 }
 
 export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
@@ -100,7 +103,7 @@ export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
   entropyProbe: true,
 });
 
-export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze({
+export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating" | "recall">> = Object.freeze({
   maxMemories: 3,
   memoryMaxTokens: 1024,
   memoryOrder: "score",
@@ -118,7 +121,7 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
 });
 
 /** A caller's partial settings: any field may be left out, gating's too. */
-export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">> };
+export type DKIConfigInput = Partial<Omit<DKIConfig, "gating" | "recall">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">>; recall?: RecallConfigInput };
 
 /**
  * Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one.
@@ -127,7 +130,7 @@ export type DKIConfigInput = Partial<Omit<DKIConfig, "gating">> & { gating?: Par
  */
 export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedder, "id" | "relevanceThreshold">): DKIConfig {
   if (input === null || typeof input !== "object") throw new DkiArgumentError(`config must be an object, got ${String(input)}`);
-  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) } };
+  const c: DKIConfig = { ...DEFAULT_CONFIG, ...input, gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) }, recall: resolveRecallConfig(input.recall ?? {}) };
   const g = c.gating;
   const finite = (name: string, v: unknown) => {
     if (typeof v !== "number" || !Number.isFinite(v)) throw new DkiArgumentError(`config.${name} must be a finite number, got ${shown(v)}`);
