@@ -15,7 +15,7 @@ beforeAll(async () => {
   modelDir = tempDir();
   await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: modelDir, seed: 5 });
   model = await Model.load(modelDir, { contextSize: 2048 });
-}, 120_000);
+}, 600_000);
 afterAll(() => model?.dispose());
 
 const EVIDENCE = "By the way, the storage unit at Redwood Lane is number 418 and the gate code is 5521.";
@@ -56,7 +56,7 @@ test("recall.enabled switches the history to Recall v4: the old evidence is in t
   expect(out.suffix.text).toContain(EVIDENCE);
   expect(out.suffix.tokens).toBeLessThanOrEqual(out.suffix.available);
   await expect(dki(["recall", "--model", modelDir, "--data", data, "--user", "u", "--query", QUESTION])).rejects.toThrow(/--scope session needs --session/);
-}, 300_000);
+}, 900_000);
 
 test("without recall.enabled the flat history stays, and recall() says how to turn it on; a bad recall key fails when the system opens", async () => {
   const sys = await DKISystem.open({ model, dataDir: tempDir() });
@@ -69,4 +69,4 @@ test("without recall.enabled the flat history stays, and recall() says how to tu
     await sys.close();
   }
   expect(() => resolveConfig({ recall: { budget: { max_recent_turns: -1 } } })).toThrow(/config\.recall\.budget\.max_recent_turns must be an integer >= 0, got -1/);
-}, 120_000);
+}, 600_000);

@@ -1,6 +1,6 @@
 // Synthetic long conversations for the Recall v4 tests: a few hundred messages of everyday
 // chatter (English or Chinese), with one old message holding the answer to the final question
-// and several distractors that share the question's subject but not its answer. Seeded, so a
+// and many distractors that share the question's subject but not its answer. Seeded, so a
 // failing case replays. Long messages (several sentences) are common, as in real chats.
 import { prng } from "./prng.js";
 
@@ -110,9 +110,13 @@ export function syntheticConversation(seed: number, language: "en" | "cn", turns
   const needle = needles[seed % needles.length]!;
   const evidenceTurn = 3 + Math.floor(r() * Math.floor(turns * 0.4));
   const distractorTurns = new Map<number, string>();
-  for (const d of needle.distractors) {
-    for (let k = 0; k < 2; k++) distractorTurns.set(evidenceTurn + 1 + Math.floor(r() * (turns - evidenceTurn - 1)), d);
-  }
+  const later = () => evidenceTurn + 1 + Math.floor(r() * (turns - evidenceTurn - 1));
+  for (const d of needle.distractors) for (let k = 0; k < 2; k++) distractorTurns.set(later(), `${chatter(r, filler, joiner)}${joiner}${d}`);
+  // The subject comes up again and again in short messages (two distractors each): they share
+  // more of the question's words per term than the long evidence message does, which is what
+  // BM25's length normalisation rewards.
+  const ds = needle.distractors;
+  for (let k = 0; k < 14; k++) distractorTurns.set(later(), `${ds[k % ds.length]}${joiner}${ds[(k + 1) % ds.length]}`);
   const messages: SyntheticConversation["messages"] = [];
   let evidenceAt = -1;
   for (let t = 0; t < turns; t++) {
@@ -124,7 +128,7 @@ export function syntheticConversation(seed: number, language: "en" | "cn", turns
       user = [...before, needle.evidence, ...after].join(joiner);
       evidenceAt = messages.length;
     } else if (distractorTurns.has(t)) {
-      user = `${chatter(r, filler, joiner)}${joiner}${distractorTurns.get(t)!}`;
+      user = distractorTurns.get(t)!;
     }
     messages.push({ role: "user", content: user });
     messages.push({ role: "assistant", content: pick(r, assistant) });
