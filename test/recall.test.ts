@@ -158,7 +158,7 @@ describe("synthetic long conversations (200 messages, the answer in one old mess
         cases.push({ conv, userId, ids: await record(conv, userId, "s") });
       }
     }
-  }, 600_000);
+  }, 1_200_000);
 
   /** The ids of the messages in the suffix a method builds, in suffix order. */
   async function suffixIds(method: Method, c: (typeof cases)[number], contextWindow: number): Promise<string[]> {

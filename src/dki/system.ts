@@ -27,7 +27,7 @@ import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
-import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
+import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
@@ -333,6 +333,7 @@ export class DKISystem {
     const injectionOn = opts.allowInjection !== false;
     const language: HistoryLanguage = c.historyLanguage === "auto" ? detectLanguage(query) : c.historyLanguage;
     const systemPrompt = opts.systemPrompt ?? c.systemPrompt;
+    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
     let preferences = { text: "", tokens: 0 };
     if (injectionOn && c.preferenceEnabled) {
       const prefs = (await this.store.preferences.list({ userId: opts.userId })).filter((p) => p.active);
@@ -349,11 +350,10 @@ export class DKISystem {
           maxMessages: c.historyMaxMessages,
           counter: this.counter,
           signal: opts.signal,
-          contextSize: this.model.contextSize - this.counter.count(systemPrompt ?? ""),
+          contextSize: await this.historyWindow(query, systemPrompt, language, useTemplate),
           preferenceTokens: preferences.tokens,
         })
       : null;
-    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
     const rendering = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
     // Awaited below in every case, so a failed render is never an unhandled rejection.
     rendering.catch(() => {});
@@ -458,6 +458,19 @@ export class DKISystem {
     if (mode === "bos" || !systemPrompt) return bos;
     if (useTemplate) return afterBos(tok, systemTurnTokens(tok, systemPrompt));
     return [...bos, ...tok.encode(`${systemPrompt}\n\n`, { addSpecialTokens: false })];
+  }
+
+  /**
+   * The window a history provider budgets from: the context less everything of the prompt but
+   * the history and the query (system prompt, chat-template or `User:` frame, the blank line
+   * between history and query), so a suffix that fills its budget still leaves the answer its
+   * reserve and is not dropped. Rendered only for Recall v4 (the flat history has its own cap).
+   */
+  private async historyWindow(query: string, systemPrompt: string | undefined, language: HistoryLanguage, useTemplate: boolean): Promise<number> {
+    if (this.recallV4 === null) return this.model.contextSize - this.counter.count(systemPrompt ?? "");
+    const bare = await renderPrompt(this.model.tokenizer, { query, systemPrompt, language }, useTemplate);
+    // 4: the blank line joining history and query, and tokens merging across the joins.
+    return this.model.contextSize - (bare.tokens.length - this.counter.count(query)) - 4;
   }
 
   /**
