@@ -23,10 +23,12 @@ const QUESTION = "What is the gate code of the storage unit at Redwood Lane?";
 
 test("recall.enabled switches the history to Recall v4: the old evidence is in the suffix, metadata.recallV4 is reported, the records keep the query", async () => {
   const data = tempDir();
+  let evidenceId = "";
   const sys = await DKISystem.open({ model, dataDir: data, config: { chatTemplate: "never", recall: { enabled: true } } });
   try {
     const turn = (query: string, response: string) => sys.conversations.recordTurn({ userId: "u", sessionId: "s", query, response, injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
     const ev = await turn(EVIDENCE, "Noted.");
+    evidenceId = ev.userTurn.id;
     for (let i = 0; i < 40; i++) await turn(`Message number ${i} about the weather and lunch.`, "Okay.");
     await sys.conversations.recordTurn({ userId: "other", sessionId: "s", query: "The gate code of my storage unit at Redwood Lane is 9999.", response: "ok", injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
 
@@ -52,7 +54,7 @@ test("recall.enabled switches the history to Recall v4: the old evidence is in t
   // The same recall from the command line (the built CLI: npx tsc -p tsconfig.json first).
   const { stdout } = await dki(["recall", "--model", modelDir, "--data", data, "--user", "u", "--session", "s", "--query", QUESTION, "--format", "json", "--context-size", "2048"]);
   const out = JSON.parse(stdout) as { messages: { id: string; summarized: boolean; signals: { keyword: number } }[]; suffix: { text: string; tokens: number; available: number } };
-  expect(out.messages.find((m) => m.id === ev.userTurn.id)?.signals.keyword).toBeGreaterThan(0);
+  expect(out.messages.find((m) => m.id === evidenceId)?.signals.keyword).toBeGreaterThan(0);
   expect(out.suffix.text).toContain(EVIDENCE);
   expect(out.suffix.tokens).toBeLessThanOrEqual(out.suffix.available);
   await expect(dki(["recall", "--model", modelDir, "--data", data, "--user", "u", "--query", QUESTION])).rejects.toThrow(/--scope session needs --session/);
