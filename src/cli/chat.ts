@@ -13,11 +13,13 @@ import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, 
 function chatAsRag(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined) throw new Error("--alpha applies to --mode dki only");
   if (flags.relevanceThreshold !== undefined) throw new Error("--relevance-threshold applies to --mode dki only");
+  if (flags.recall) throw new Error("--recall applies to --mode dki only");
   return ragCommand(flags);
 }
 
 interface ChatFlags extends TurnFlags {
   alpha?: number;
+  recall?: boolean;
   relevanceThreshold?: number;
 }
 
@@ -26,7 +28,9 @@ export function turnSummary(r: DKIResponse): string {
   const mems = r.memoriesUsed.length === 0 ? "none" : r.memoriesUsed.map(memoryLabel).join(", ");
   const tiers = r.cache.tiers.length === 0 ? "nothing injected" : r.cache.tiers.map((b) => `${b.kind === "preferences" ? "preferences" : b.id} ${b.tier}`).join(", ");
   const alpha = r.memoriesUsed.length > 0 ? r.gating.alpha.toFixed(2) : "-";
-  return `[memories: ${mems}${leftOutSummary(r.metadata.memoriesLeftOut)} | α ${alpha} | gate: ${r.gating.reason} | cache: ${tiers} | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
+  const rv = r.metadata.recallV4;
+  const recalled = rv ? ` | recalled ${r.metadata.hybridInjection.historyMessages.length} messages (${rv.summaryCount} summarised), fact calls ${rv.rounds}` : "";
+  return `[memories: ${mems}${leftOutSummary(r.metadata.memoriesLeftOut)} | α ${alpha} | gate: ${r.gating.reason}${recalled} | cache: ${tiers} | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
 }
 
 async function chat(flags: ChatFlags): Promise<void> {
@@ -35,7 +39,7 @@ async function chat(flags: ChatFlags): Promise<void> {
   const session = await prepareTurns(flags, "chat");
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const config = { ...turnConfig(flags), ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }) };
+  const config = { ...turnConfig(flags), ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }), ...(flags.recall ? { recall: { enabled: true } } : {}) };
   const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
   try {
     const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });
@@ -95,6 +99,7 @@ export function registerChatCommand(program: Command): void {
       .option("--no-memory", "inject nothing (no memories, no preferences)")
       .option("--relevance-threshold <t>", "the gate's τ, in [0, 1] (default: the embedder's calibrated one, 0.162 for the hashing embedder; 0.25 for an ONNX model)", numberOption("--relevance-threshold", { min: 0, max: 1 })),
   )
+    .option("--recall", "history through Recall v4 (recall.enabled): the messages that matter for the query, summaries with trace ids, fact calls")
     .option("--mode <mode>", "dki (memory as K/V) or rag (memory as prompt text: the RAG baseline, see dki rag)", choiceOption("--mode", ["dki", "rag"] as const), "dki")
     .action((flags: ChatFlags & { mode: "dki" | "rag" }) => (flags.mode === "rag" ? chatAsRag(flags) : chat(flags)));
 }

@@ -12,6 +12,7 @@ import { registerRagCommand } from "./rag.js";
 import { registerMemoryCommands } from "./memory.js";
 import { registerEval } from "./eval.js";
 import { registerEvalSynth } from "./eval-synth.js";
+import { registerRecallCommand } from "./recall.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -40,6 +41,7 @@ registerKbCommand(program);
 registerRagCommand(program);
 registerMemoryCommands(program);
 registerEvalSynth(registerEval(program));
+registerRecallCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

@@ -4,6 +4,7 @@
 import { DkiArgumentError } from "../errors.js";
 import type { PositionStrategy } from "../engine/model.js";
 import type { Embedder } from "../memory/types.js";
+import { resolveRecallConfig, type RecallConfig, type RecallConfigInput } from "../recall/config.js";
 
 /** What each memory block is encoded behind (part of its cache key). */
 export type EncodingPrefix = "none" | "bos" | "bos+system";
@@ -120,6 +121,8 @@ export interface DKIConfig {
   chatTemplate: "auto" | "never";
   /** Default system prompt (a turn's own systemPrompt replaces it). */
   systemPrompt?: string;
+  /** Recall v4 (seed 003 §5; src/recall/): when enabled, it replaces the flat history. */
+  recall: RecallConfig;
 }
 
 export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
@@ -137,7 +140,7 @@ export const DEFAULT_GATING: Readonly<GatingConfig> = Object.freeze({
   entropyProbe: true,
 });
 
-export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze({
+export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating" | "recall">> = Object.freeze({
   maxMemories: 3,
   memoryMaxTokens: 1024,
   memoryOrder: "score",
@@ -161,7 +164,11 @@ export const DEFAULT_CONFIG: Readonly<Omit<DKIConfig, "gating">> = Object.freeze
 export type BlockFixInput = Exclude<BlockFix, { kind: "cacheblend" }> | { kind: "cacheblend"; ratio?: number };
 
 /** A caller's partial settings: any field may be left out, gating's too. */
-export type DKIConfigInput = Partial<Omit<DKIConfig, "gating" | "blockFix">> & { gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">>; blockFix?: BlockFixInput };
+export type DKIConfigInput = Partial<Omit<DKIConfig, "gating" | "blockFix" | "recall">> & {
+  gating?: Partial<Omit<GatingConfig, "relevanceThresholdSource">>;
+  blockFix?: BlockFixInput;
+  recall?: RecallConfigInput;
+};
 
 /**
  * Defaults filled in and every value checked; throws a DkiArgumentError naming the first bad one.
@@ -175,6 +182,7 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
     ...input,
     gating: { ...DEFAULT_GATING, ...(input.gating ?? {}), ...relevanceThreshold(input, embedder) },
     blockFix: resolveBlockFix(input.blockFix),
+    recall: resolveRecallConfig(input.recall ?? {}),
   };
   const g = c.gating;
   const finite = (name: string, v: unknown) => {

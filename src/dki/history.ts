@@ -14,6 +14,10 @@ export interface HistoryRequest {
   maxMessages: number;
   counter: TokenCounter;
   signal?: AbortSignal;
+  /** The turn's context window less the system prompt (Recall v4 budgets the suffix from it). */
+  contextSize?: number;
+  /** Tokens of the preferences injected as K/V this turn. */
+  preferenceTokens?: number;
 }
 
 export interface HistorySuffix extends FormattedHistory {

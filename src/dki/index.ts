@@ -1,5 +1,5 @@
 // The DKI system and the pieces the RAG baseline and a knowledge base's "chunks as K/V" mode reuse.
-export { DKISystem, type DKISystemOptions, type ChatOptions, type DKIResponse, type DKIMetadata, type DKIStats, type MemoryUsed, type LeftOut, type BlockOrigin, type HybridInjectionInfo } from "./system.js";
+export { DKISystem, type DKISystemOptions, type ChatOptions, type DKIResponse, type DKIMetadata, type RecallV4Info, type DKIStats, type MemoryUsed, type LeftOut, type BlockOrigin, type HybridInjectionInfo } from "./system.js";
 export { DEFAULT_BUDGETS, type StoreOpener, type TurnOptions } from "./open.js";
 export { resolveConfig, DEFAULT_CONFIG, DEFAULT_GATING, type DKIConfig, type DKIConfigInput, type GatingConfig, type EncodingPrefix, type MemoryOrder, type MemoryEncoding, type HistoryLanguageSetting, type RelevanceThresholdSource } from "./config.js";
 export { CACHEBLEND_DEFAULT_RATIO, type BlockFix, type BlockFixInput } from "./config.js";

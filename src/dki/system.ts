@@ -16,7 +16,7 @@
 // KVBlock) and the memory layer's MemoryStoreApi.
 import { performance } from "node:perf_hooks";
 import type { Model, InjectionOptions, PositionStrategy, Segment } from "../engine/model.js";
-import type { FinishReason } from "../engine/generate.js";
+import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
@@ -27,8 +27,10 @@ import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
-import { buildHybridPrompt, detectLanguage, mergePreferences, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
+import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
 import { routeMemories } from "./routing.js";
+import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
+import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
 
 export interface DKISystemOptions extends SystemOpenOptions {
   /** Where history comes from (default: the session's recent messages, FlatHistoryProvider). */
@@ -95,6 +97,19 @@ export interface LeftOut {
   reason: string;
 }
 
+/** What Recall v4 did this turn (metadata.recallV4). */
+export interface RecallV4Info {
+  /** Trace ids of the summaries in the suffix. */
+  traceIds: string[];
+  summaryCount: number;
+  messageCount: number;
+  /** Fact-call rounds that generated again (0 when the model called none). */
+  rounds: number;
+  calls: FactCallRound[];
+  factTokens: number;
+  stoppedBy: FactLoopResult<unknown>["stoppedBy"] | "fact_calls_off";
+}
+
 export interface DKIMetadata {
   model: { dir: string; fingerprint: string };
   userId: string;
@@ -110,6 +125,8 @@ export interface DKIMetadata {
   /** Routed memories the gate let through but the turn did not inject (below τ themselves, over the token budget). */
   memoriesLeftOut: LeftOut[];
   hybridInjection: HybridInjectionInfo;
+  /** Present when Recall v4 provided the history. */
+  recallV4?: RecallV4Info;
 }
 
 /** One turn's answer with every decision behind it (seed 003 §2.1). */
@@ -147,6 +164,8 @@ interface Plan {
   language: HistoryLanguage;
   preferences: { text: string; tokens: number };
   prefix: number[];
+  systemPrompt: string | undefined;
+  useTemplate: boolean;
 }
 
 /** The injection of a turn, ready for the engine. */
@@ -176,7 +195,11 @@ export class DKISystem {
     private readonly history: HistoryProvider,
   ) {
     this.counter = tokenCounter(model.tokenizer);
+    this.recallV4 = history instanceof RecallHistoryProvider ? history : null;
   }
+
+  /** The history provider when it is Recall v4 (fact calls need it). */
+  private readonly recallV4: RecallHistoryProvider | null;
 
   static async open(o: DKISystemOptions): Promise<DKISystem> {
     return openSystem("DKISystem", o, async (p) => {
@@ -187,7 +210,8 @@ export class DKISystem {
       if (p.model.info.device === "cuda" && (fix === "cacheblend" || fix === "ape")) {
         throw new DkiArgumentError(`config.blockFix ${JSON.stringify(fix)} runs on the CPU only; this model is loaded on CUDA (use "none" or "epic" there)`);
       }
-      const history = o.history ? o.history(store) : new FlatHistoryProvider(store);
+      const r = config.recall;
+      const history = o.history ? o.history(store) : r.enabled && r.strategy === "summary_with_fact_call" ? new RecallHistoryProvider(store, store.embedder, r) : new FlatHistoryProvider(store);
       return new DKISystem(p.model, p.ownsModel, store, cache, config, history);
     });
   }
@@ -223,18 +247,19 @@ export class DKISystem {
           opts.onToken?.(text, id);
         };
         const tq = performance.now();
-        const { prepared, result, genStart } = await this.queue.run(
+        const { prepared, result, facts, genStart } = await this.queue.run(
           opts.userId,
           async () => {
             lat.queueMs = sessionWaitMs + (performance.now() - tq);
             const prepared = await this.prepare(query, opts, plan, lat);
             try {
               const genStart = performance.now();
-              const result = await this.model.generate(
-                { tokens: plan.prompt.tokens },
-                { ...prepared.injection, maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal },
-              );
-              return { prepared, result, genStart };
+              const generate = (tokens: number[]) =>
+                this.model.generate({ tokens }, { ...prepared.injection, maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
+              const first = await generate(plan.prompt.tokens);
+              // Fact calls run here, in the same queued turn, with the same injection.
+              const facts = await this.factCalls(query, opts, plan, first, generate);
+              return { prepared, result: facts?.output ?? first, facts, genStart };
             } finally {
               prepared.assembly?.release();
             }
@@ -244,7 +269,7 @@ export class DKISystem {
         lat.prefillMs = result.stats.prefillMs;
         lat.decodeMs = result.stats.decodeMs;
         lat.ttftMs = ttftAt > 0 ? ttftAt - t0 : genStart - t0 + result.stats.timeToFirstTokenMs;
-        const response = this.response(query, opts, plan, prepared, lat, { text: result.text, finishReason: result.finishReason, outputTokens: result.tokens.length });
+        const response = this.response(query, opts, plan, prepared, lat, { text: result.text, finishReason: result.finishReason, outputTokens: result.tokens.length }, facts);
         const tr = performance.now();
         await this.record(query, opts, response, tr - t0);
         lat.recordMs = performance.now() - tr;
@@ -316,27 +341,38 @@ export class DKISystem {
     const injectionOn = opts.allowInjection !== false;
     const language: HistoryLanguage = c.historyLanguage === "auto" ? detectLanguage(query) : c.historyLanguage;
     const systemPrompt = opts.systemPrompt ?? c.systemPrompt;
-    const history = c.historyEnabled
-      ? await this.history.suffix({ userId: opts.userId, sessionId: opts.sessionId, query, language, maxTokens: c.historyMaxTokens, maxMessages: c.historyMaxMessages, counter: this.counter, signal: opts.signal })
-      : null;
     const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
-    const rendering = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
-    // Awaited below in every case, so a failed render is never an unhandled rejection.
-    rendering.catch(() => {});
-    const tr = performance.now();
-    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
-    lat.routingMs = performance.now() - tr;
     let preferences = { text: "", tokens: 0 };
     if (injectionOn && c.preferenceEnabled) {
       const prefs = (await this.store.preferences.list({ userId: opts.userId })).filter((p) => p.active);
       for (const p of prefs) if (p.userId !== opts.userId) throw new Error(`the memory store returned preference ${p.id} of another user for user ${JSON.stringify(opts.userId)}`);
       preferences = mergePreferences(prefs, this.counter, c.preferenceMaxTokens);
     }
+    const history = c.historyEnabled
+      ? await this.history.suffix({
+          userId: opts.userId,
+          sessionId: opts.sessionId,
+          query,
+          language,
+          maxTokens: c.historyMaxTokens,
+          maxMessages: c.historyMaxMessages,
+          counter: this.counter,
+          signal: opts.signal,
+          contextSize: await this.historyWindow(query, systemPrompt, language, useTemplate),
+          preferenceTokens: preferences.tokens,
+        })
+      : null;
+    const rendering = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
+    // Awaited below in every case, so a failed render is never an unhandled rejection.
+    rendering.catch(() => {});
+    const tr = performance.now();
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
+    lat.routingMs = performance.now() - tr;
     const prompt = await rendering;
     const prefix = this.encodingPrefix(systemPrompt, useTemplate);
     // The prompt's share: the whole plan less the routing it overlapped with.
     lat.promptMs = performance.now() - t - lat.routingMs;
-    return { routed, prompt, history, language, preferences, prefix };
+    return { routed, prompt, history, language, preferences, prefix, systemPrompt, useTemplate };
   }
 
   /** Gating and the blocks from the cache; runs in the model's queue (the probe and computes use the model). */
@@ -446,7 +482,57 @@ export class DKISystem {
     return [...bos, ...tok.encode(`${systemPrompt}\n\n`, { addSpecialTokens: false })];
   }
 
-  private response(query: string, opts: ChatOptions, plan: Plan, p: Prepared, lat: LatencyBreakdown, out: { text: string; finishReason: FinishReason; outputTokens: number }): DKIResponse {
+  /**
+   * The window a history provider budgets from: the context less everything of the prompt but
+   * the history and the query (system prompt, chat-template or `User:` frame, the blank line
+   * between history and query), so a suffix that fills its budget still leaves the answer its
+   * reserve and is not dropped. Rendered only for Recall v4 (the flat history has its own cap).
+   */
+  private async historyWindow(query: string, systemPrompt: string | undefined, language: HistoryLanguage, useTemplate: boolean): Promise<number> {
+    if (this.recallV4 === null) return this.model.contextSize - this.counter.count(systemPrompt ?? "");
+    const bare = await renderPrompt(this.model.tokenizer, { query, systemPrompt, language }, useTemplate);
+    // 4: the blank line joining history and query, and tokens merging across the joins.
+    return this.model.contextSize - (bare.tokens.length - this.counter.count(query)) - 4;
+  }
+
+  /**
+   * Recall v4's fact-call loop (seed 003 §5.5): while the output calls retrieve_fact, the traced
+   * message (the turn's user's only, and session's by recall.scope) is appended to the history
+   * suffix and the model generates again. Null when Recall v4 is not this turn's history.
+   */
+  private async factCalls(query: string, opts: ChatOptions, plan: Plan, first: GenerateResult, generate: (tokens: number[]) => Promise<GenerateResult>): Promise<FactLoopResult<GenerateResult> | null> {
+    const recall = this.recallV4;
+    if (recall === null || plan.history === null || plan.prompt.historyDropped) return null;
+    const fc = recall.config.fact_call;
+    if (!fc.enabled) return null;
+    const history = plan.history;
+    return runFactCallLoop(
+      first,
+      {
+        generateWithFacts: async (factText) => {
+          const withFacts = { ...history, text: `${history.text}\n\n${factText}`, tokens: 0 };
+          const prompt = await buildHybridPrompt(this.model.tokenizer, { query, systemPrompt: plan.systemPrompt, history: withFacts, language: plan.language, useTemplate: plan.useTemplate, contextSize: this.model.contextSize, generationReserve: this.config.generationReserve });
+          return generate(prompt.tokens);
+        },
+      },
+      { retrieve: (req) => recall.retrieveFact(req, { userId: opts.userId, sessionId: opts.sessionId }), counter: this.counter, maxRounds: fc.max_rounds, maxFactTokens: fc.max_fact_tokens, language: plan.language },
+    );
+  }
+
+  /**
+   * Recall v4 for a query without generating: the recalled messages (scores, signals, summarised
+   * or not) and the suffix a turn of this session would get. Needs recall.enabled.
+   */
+  async recall(query: string, opts: { userId: string; sessionId: string; contextSize?: number }): Promise<RecallOutcome> {
+    checkTurn(query, opts);
+    if (this.recallV4 === null) throw new DkiArgumentError("recall needs Recall v4 as the history provider: set config.recall.enabled (strategy summary_with_fact_call)");
+    const contextWindow = opts.contextSize ?? this.model.contextSize;
+    if (!Number.isSafeInteger(contextWindow) || contextWindow < 1) throw new DkiArgumentError(`contextSize must be a positive integer, got ${String(opts.contextSize)}`);
+    const language = this.config.historyLanguage === "auto" ? detectLanguage(query) : this.config.historyLanguage;
+    return this.recallV4.run({ query, userId: opts.userId, sessionId: opts.sessionId, language, counter: this.counter, contextWindow });
+  }
+
+  private response(query: string, opts: ChatOptions, plan: Plan, p: Prepared, lat: LatencyBreakdown, out: { text: string; finishReason: FinishReason; outputTokens: number }, facts: FactLoopResult<GenerateResult> | null = null): DKIResponse {
     const tiers = origins(p);
     const h = plan.history;
     return {
@@ -485,6 +571,7 @@ export class DKISystem {
           historyDropped: plan.prompt.historyDropped,
           finalInput: plan.prompt.text,
         },
+        ...(this.recallV4 !== null && h !== null ? { recallV4: recallInfo(h, facts) } : {}),
       },
     };
   }
@@ -529,6 +616,20 @@ export class DKISystem {
     // A long-running server sees sessions without end; what it remembers for them must not grow so.
     if (this.sessionKeys.size > TRACKED_SESSIONS) this.sessionKeys.delete(this.sessionKeys.keys().next().value!);
   }
+}
+
+function recallInfo(h: HistorySuffix, facts: FactLoopResult<GenerateResult> | null): RecallV4Info {
+  const m = h.metadata ?? {};
+  const traceIds = Array.isArray(m.traceIds) ? m.traceIds.filter((x): x is string => typeof x === "string") : [];
+  return {
+    traceIds,
+    summaryCount: typeof m.summaryCount === "number" ? m.summaryCount : 0,
+    messageCount: typeof m.messageCount === "number" ? m.messageCount : 0,
+    rounds: facts?.rounds ?? 0,
+    calls: facts?.calls ?? [],
+    factTokens: facts?.factTokens ?? 0,
+    stoppedBy: facts?.stoppedBy ?? "fact_calls_off",
+  };
 }
 
 function origins(p: Prepared): BlockOrigin[] {

@@ -301,6 +301,8 @@ export class MemoryStore implements MemoryStoreApi {
     this.conversations = {
       list: async (scope) => this.listTurns(scope),
       recordTurn: async (turn) => this.recordTurn(turn),
+      get: async (id, scope) => this.getTurn(id, scope),
+      listUser: async (scope) => this.listUserTurns(scope),
     };
     this.audit = { list: async (scope) => this.listAudit(scope) };
   }
@@ -640,6 +642,24 @@ export class MemoryStore implements MemoryStoreApi {
     const limit = checkInteger("limit", scope.limit, 1, Number.MAX_SAFE_INTEGER);
     // The newest `limit`, read backwards, returned oldest first.
     return [...this.db.turns.getRange({ start: range.end, end: range.start, reverse: true, limit }).map((e) => e.value)].reverse();
+  }
+
+  // Recall v4 (src/recall/) reads a user's whole history and resolves trace ids (turn ids) to turns.
+  /** Every turn of the user, all sessions, oldest first (ids grow with time). */
+  private listUserTurns(scope: { userId: string }): ConversationTurn[] {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    return [...this.db.turns.getRange(prefixRange([userId])).map((e) => e.value)].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  /** One turn by id within the scope; another user's (or, given a session, another session's) turn reads as undefined. */
+  private getTurn(id: string, scope: { userId: string; sessionId?: string }): ConversationTurn | undefined {
+    this.checkOpen();
+    if (typeof id !== "string" || id === "") return undefined;
+    const userId = checkId("userId", scope?.userId);
+    const prefix = scope.sessionId === undefined ? [userId] : [userId, checkId("sessionId", scope.sessionId)];
+    for (const { value } of this.db.turns.getRange(prefixRange(prefix))) if (value.id === id) return value;
+    return undefined;
   }
 
   private recordTurn(turn: TurnRecord): { userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry } {

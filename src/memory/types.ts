@@ -157,6 +157,10 @@ export interface MemoryStoreApi {
     list(scope: { userId: string; sessionId: string; limit?: number }): Promise<ConversationTurn[]>;
     /** Writes the user row, the assistant row and the audit row of one turn in one transaction. */
     recordTurn(turn: TurnRecord): Promise<{ userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry }>;
+    /** One turn by id, within the user (and the session, when given); any other reads as undefined. */
+    get(id: string, scope: { userId: string; sessionId?: string }): Promise<ConversationTurn | undefined>;
+    /** Every turn of the user across sessions, oldest first. */
+    listUser(scope: { userId: string }): Promise<ConversationTurn[]>;
   };
   readonly audit: {
     list(scope: { userId: string; sessionId?: string; action?: string }): Promise<AuditEntry[]>;

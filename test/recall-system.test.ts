@@ -1,0 +1,74 @@
+// Recall v4 inside the DKI system, end to end on a generated model and the real store: the
+// history provider switches with recall.enabled, a turn's suffix holds the old message the query
+// is about, metadata.recallV4 reports the turn, the records keep the original query, and
+// DKISystem.recall and `dki recall` give the same suffix without generating.
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { Model } from "../src/engine/model.js";
+import { makeTinyModel } from "../src/models/make-tiny.js";
+import { DKISystem, resolveConfig } from "../src/dki/index.js";
+import { tempDir } from "./support/paths.js";
+import { dki } from "./support/dki-bin.js";
+
+let model: Model;
+let modelDir: string;
+beforeAll(async () => {
+  modelDir = tempDir();
+  await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: modelDir, seed: 5 });
+  model = await Model.load(modelDir, { contextSize: 2048 });
+}, 600_000);
+afterAll(() => model?.dispose());
+
+const EVIDENCE = "By the way, the storage unit at Redwood Lane is number 418 and the gate code is 5521.";
+const QUESTION = "What is the gate code of the storage unit at Redwood Lane?";
+
+test("recall.enabled switches the history to Recall v4: the old evidence is in the suffix, metadata.recallV4 is reported, the records keep the query", async () => {
+  const data = tempDir();
+  let evidenceId = "";
+  const sys = await DKISystem.open({ model, dataDir: data, config: { chatTemplate: "never", recall: { enabled: true } } });
+  try {
+    const turn = (query: string, response: string) => sys.conversations.recordTurn({ userId: "u", sessionId: "s", query, response, injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
+    const ev = await turn(EVIDENCE, "Noted.");
+    evidenceId = ev.userTurn.id;
+    for (let i = 0; i < 40; i++) await turn(`Message number ${i} about the weather and lunch.`, "Okay.");
+    await sys.conversations.recordTurn({ userId: "other", sessionId: "s", query: "The gate code of my storage unit at Redwood Lane is 9999.", response: "ok", injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
+
+    const r = await sys.chat(QUESTION, { userId: "u", sessionId: "s", maxNewTokens: 3 });
+    const h = r.metadata.hybridInjection;
+    expect(h.historyStrategy).toBe("recall_v4");
+    expect(h.historySuffixText).toContain(EVIDENCE);
+    expect(h.historySuffixText).not.toContain("9999");
+    expect(h.historyMessages.map((m) => m.id)).toContain(ev.userTurn.id);
+    expect(h.finalInput).toContain(EVIDENCE);
+    expect(r.metadata.recallV4).toMatchObject({ rounds: expect.any(Number), calls: expect.any(Array) });
+    // A random model: no fact call expected, and then none is made.
+    if (!/retrieve_fact/.test(r.text)) expect(r.metadata.recallV4).toMatchObject({ rounds: 0, stoppedBy: "no_call", calls: [] });
+    const rows = await sys.conversations.list({ userId: "u", sessionId: "s", limit: 2 });
+    expect(rows.map((t) => [t.role, t.content])).toEqual([["user", QUESTION], ["assistant", r.text]]);
+
+    const direct = await sys.recall(QUESTION, { userId: "u", sessionId: "s" });
+    expect(direct.included.some((m) => m.id === ev.userTurn.id && m.reason === "signal")).toBe(true);
+  } finally {
+    await sys.close();
+  }
+
+  // The same recall from the command line (the built CLI: npx tsc -p tsconfig.json first).
+  const { stdout } = await dki(["recall", "--model", modelDir, "--data", data, "--user", "u", "--session", "s", "--query", QUESTION, "--format", "json", "--context-size", "2048"]);
+  const out = JSON.parse(stdout) as { messages: { id: string; summarized: boolean; signals: { keyword: number } }[]; suffix: { text: string; tokens: number; available: number } };
+  expect(out.messages.find((m) => m.id === evidenceId)?.signals.keyword).toBeGreaterThan(0);
+  expect(out.suffix.text).toContain(EVIDENCE);
+  expect(out.suffix.tokens).toBeLessThanOrEqual(out.suffix.available);
+  await expect(dki(["recall", "--model", modelDir, "--data", data, "--user", "u", "--query", QUESTION])).rejects.toThrow(/--scope session needs --session/);
+}, 900_000);
+
+test("without recall.enabled the flat history stays, and recall() says how to turn it on; a bad recall key fails when the system opens", async () => {
+  const sys = await DKISystem.open({ model, dataDir: tempDir() });
+  try {
+    await expect(sys.recall("hi", { userId: "u", sessionId: "s" })).rejects.toThrow(/set config\.recall\.enabled/);
+    const r = await sys.chat("hello", { userId: "u", sessionId: "s", maxNewTokens: 1 });
+    expect(r.metadata.hybridInjection.historyStrategy).toBe("flat_history");
+    expect(r.metadata.recallV4).toBeUndefined();
+  } finally {
+    await sys.close();
+  }
+  expect(() => resolveConfig({ recall: { budget: { max_recent_turns: -1 } } })).toThrow(/config\.recall\.budget\.max_recent_turns must be an integer >= 0, got -1/);
+}, 600_000);
