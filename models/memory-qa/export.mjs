@@ -16,7 +16,8 @@
 import { readFile, writeFile, mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { ATTRIBUTES, generateSynthetic, prng, serializeSynthetic } from "../../dist/src/eval/synthetic.js";
+import { ATTRIBUTES, generateSynthetic, serializeSynthetic } from "../../dist/src/eval/synthetic.js";
+import { prng } from "../../dist/src/util/prng.js";
 import { ANSWER_INSTRUCTION } from "../../dist/src/eval/instruction.js";
 import { fullContextQuery, renderConversation } from "../../dist/src/eval/full-context.js";
 import { renderPrompt, detectLanguage } from "../../dist/src/dki/prompt.js";

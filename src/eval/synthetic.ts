@@ -9,6 +9,7 @@
 // are disjoint whatever seed a set is made with; `values` replaces them per attribute, so anyone
 // can make a set with values no model has seen.
 import { DkiArgumentError } from "../errors.js";
+import { prng } from "../util/prng.js";
 
 export type SynthLanguage = "en" | "zh";
 export type SynthSplit = "train" | "heldout";
@@ -48,18 +49,6 @@ export interface SynthOptions {
 
 /** The answer to a question about something never mentioned (the answer instruction's words). */
 export const NOT_MENTIONED = "not mentioned";
-
-/** mulberry32: a small seeded PRNG (the same as the tests'), so a set is reproduced from its seed. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Rand = () => number;
 const pick = <T>(r: Rand, xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
