@@ -11,7 +11,7 @@ import { makeTinyModel } from "../src/models/make-tiny.js";
 import { DEFAULT_BUDGETS, DKISystem, applyBlockFix, resolveConfig, type Assembly, type DKIConfigInput } from "../src/dki/index.js";
 import { TieredKVCache } from "../src/cache/tiered-cache.js";
 import { native, type NativeSegment } from "../src/engine/native.js";
-import { loadRefWeights, refForward, type RefSegment, type RefWeights } from "./reference/forward.js";
+import { loadRefWeights, refForward, refSegment, type RefWeights } from "./reference/forward.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
 
 let model: Model;
@@ -180,19 +180,6 @@ describe("the native calls check what they are given", () => {
   });
 });
 
-/** A reference segment from a native block's K/V (only the attention math is under test). */
-function refSegment(b: KVBlock, alpha: number, scaling: "value" | "logit", temperature?: number): RefSegment {
-  const per = b.nKvHeads * b.nTokens * b.headDim;
-  const k = b.keys(), v = b.values();
-  return {
-    k: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(k.subarray(l * per, (l + 1) * per))),
-    v: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(v.subarray(l * per, (l + 1) * per))),
-    nTokens: b.nTokens,
-    alpha,
-    scaling,
-    temperature,
-  };
-}
 
 describe("segment temperature (APE)", () => {
   test("T = 1 is no temperature at all, bit for bit", async () => {

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { KVBlock } from "../src/kv/kv-block.js";
-import { loadRefWeights, refForward, type RefSegment, type RefWeights } from "./reference/forward.js";
+import { loadRefWeights, refForward, refSegment, type RefWeights } from "./reference/forward.js";
 import { maxAbsDiff, tempDir } from "./support/paths.js";
 
 let model: Model;
@@ -23,18 +23,6 @@ afterAll(() => model.dispose());
 
 const maxRowDiff = (a: ArrayLike<number>[], b: ArrayLike<number>[]) => Math.max(...a.map((row, i) => maxAbsDiff(row, b[i])));
 
-/** A reference segment from a native block's K/V (so only the injection math is under test). */
-function refSegment(b: KVBlock, alpha: number, scaling: "value" | "logit"): RefSegment {
-  const per = b.nKvHeads * b.nTokens * b.headDim;
-  const k = b.keys(), v = b.values();
-  return {
-    k: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(k.subarray(l * per, (l + 1) * per))),
-    v: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(v.subarray(l * per, (l + 1) * per))),
-    nTokens: b.nTokens,
-    alpha,
-    scaling,
-  };
-}
 
 describe("identities", () => {
   test("α = 1, prefix positions: same logits as [memory ; prompt] in one sequence (≤ 1e-4)", async () => {

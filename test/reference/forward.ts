@@ -11,6 +11,7 @@ import { closeSync, openSync, readSync } from "node:fs";
 import { readHfFolder } from "../../src/formats/hf-folder.js";
 import type { ModelConfig } from "../../src/formats/hf-config.js";
 import type { TensorInfo } from "../../src/formats/safetensors.js";
+import type { KVBlock } from "../../src/kv/kv-block.js";
 
 // ---------------------------------------------------------------------------------------------
 // Weights
@@ -169,6 +170,20 @@ export interface RefSegment {
   scaling: "value" | "logit";
   /** Divides the segment's scores (default 1). */
   temperature?: number;
+}
+
+/** A reference segment from a native block's K/V, so that only the injection math is under test. */
+export function refSegment(b: KVBlock, alpha: number, scaling: "value" | "logit", temperature?: number): RefSegment {
+  const per = b.nKvHeads * b.nTokens * b.headDim;
+  const k = b.keys(), v = b.values();
+  return {
+    k: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(k.subarray(l * per, (l + 1) * per))),
+    v: Array.from({ length: b.nLayers }, (_, l) => Float64Array.from(v.subarray(l * per, (l + 1) * per))),
+    nTokens: b.nTokens,
+    alpha,
+    scaling,
+    temperature,
+  };
 }
 
 export interface RefOutput {
