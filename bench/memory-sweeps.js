@@ -203,7 +203,7 @@ writeResults(`memory-sweeps-${name}`, {
     "p: the next-token distribution after the prompt (the first answer token). p_none: the same prompt, nothing injected. p_full: the routed memories as prompt text before the question, nothing injected. KL in nats, averaged over the questions; top-1 = full: share of questions whose most likely first token is p_full's.",
     "Unless the row says otherwise: α = 1, value scaling, negative positions, encoding prefix bos, no block fix. 'joint (EPIC k=∞)' recomputes every block behind the ones before it: exactly the joint encoding of the memories behind the prefix.",
     mismatched === 0 ? "Every setting injected the same memories for a question as the reference." : `${mismatched} (setting, question) pairs injected other memories than the reference (token budget); their rows still count.`,
-    withHarness ? "harness EM: the harness's dki mode (greedy answers, its scorer) with the setting's DKI config." : "harness EM: not run (--harness runs the harness's dki mode per setting; it needs src/eval/memory-qa.ts's runMemoryQA to take dkiConfig).",
+    withHarness ? "harness EM: the harness's dki mode (greedy answers, its scorer) with the setting's DKI config." : "harness EM: not run (--harness runs the harness's dki mode per setting).",
     `ms: mean time per question of the setting's logits call, on ${m.threads} threads; load average (1 min) ${loadAtStart.toFixed(1)} at the start and ${loadavg()[0].toFixed(1)} at the end (other work shared the machine when above the thread count).`,
   ],
 });
@@ -240,6 +240,8 @@ await renderVegaLite({
   title: `Positions, encoding prefix and block fixes, ${name} (α = 1, ${questions.length} questions)`,
   background: "white",
   data: { values: barRows },
+  // One row per setting in every panel (a metric a setting lacks, such as the references' harness EM, is an empty row).
+  resolve: { scale: { y: "shared" } },
   hconcat: METRICS.filter((metric) => metric.key !== "KL(p‖p_none)").map((metric, i) => ({
     width: 220,
     height: { step: 16 },

@@ -233,6 +233,11 @@ describe("LoCoMo file, every mode", () => {
     const ragRows = byMode(result.rows, "rag");
     expect(rag.f1).toBeCloseTo(ragRows.reduce((a, r) => a + r.f1, 0) / 7, 12);
     expect(rag.memoryTokens).toBeCloseTo(ragRows.reduce((a, r) => a + r.memoryTokens, 0) / 7, 12);
+    // "evidence in": the answerable rows whose every evidence turn was routed, and their EM.
+    const routedAll = ragRows.filter((r) => r.answerable && r.evidenceRecall === 1);
+    expect(rag.nEvidenceIn).toBe(routedAll.length);
+    expect(rag.emEvidenceIn).toEqual(routedAll.length === 0 ? null : routedAll.reduce((a, r) => a + r.em, 0) / routedAll.length);
+    expect(report.modes.find((m) => m.mode === "none")!.emEvidenceIn).toBeNull();
     const md = readFileSync(`${base}.md`, "utf8");
     for (const m of MODES) expect(md).toMatch(new RegExp(`^\\| ${m} \\| 7 \\|`, "m"));
     expect(md).toContain("| 5 adversarial |");
@@ -324,6 +329,24 @@ describe("modes against each other", () => {
       expect(x.memoryTokens).toBeLessThanOrEqual(16);
       expect(x.memoryIds.length + x.leftOut).toBe(x.routed.length);
     }
+  });
+
+  test("dkiConfig reaches the dki modes' DKISystem: EPIC recomputing every token answers as dki-joint; run.json records it", async () => {
+    const out = tempDir();
+    const dkiConfig = { blockFix: { kind: "epic" as const, recomputeTokens: 1_000_000 } };
+    const fixed = await runMemoryQA({ model: modelDir, data: locomoFile, out, modes: ["dki"], alpha: 1, maxAnswerTokens: 3, limit: 4, seed: 2, dkiConfig });
+    const joint = await runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki-joint"], alpha: 1, maxAnswerTokens: 3, limit: 4, seed: 2 });
+    expect(fixed.settings.dkiConfig).toEqual(dkiConfig);
+    expect(JSON.parse(readFileSync(join(out, "run.json"), "utf8")).dkiConfig).toEqual(dkiConfig);
+    expect(fixed.rows.map((x) => x.prediction)).toEqual(joint.rows.map((x) => x.prediction));
+    // The separate encoding without the fix answers otherwise somewhere (else this test shows nothing).
+    const plain = await runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki"], alpha: 1, maxAnswerTokens: 3, limit: 4, seed: 2 });
+    expect(plain.rows.map((x) => x.prediction)).not.toEqual(joint.rows.map((x) => x.prediction));
+    // DKISystem checks what it is given; a setting the harness owns may be repeated, not changed.
+    await expect(runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki"], limit: 1, dkiConfig: { encodingPrefix: "bogus" as never } })).rejects.toThrow(/encodingPrefix/);
+    expect((await runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki"], limit: 1, maxAnswerTokens: 1, dkiConfig: { maxMemories: 3 } })).answered).toBe(1);
+    await expect(runMemoryQA({ model: join(tempDir(), "never-loaded"), data: locomoFile, out: tempDir(), modes: ["dki-joint"], dkiConfig: { maxMemories: 5 } })).rejects.toThrow(/dkiConfig\.maxMemories is 5 but the dki-joint mode runs with 3/);
+    await expect(runMemoryQA({ model: modelDir, data: locomoFile, out: tempDir(), modes: ["dki"], dkiConfig: { memoryEncoding: "joint" } })).rejects.toThrow(/dkiConfig\.memoryEncoding is "joint" but the dki mode runs with "separate"/);
   });
 
   test("--conversations keeps those users' questions; an unknown one is named", async () => {

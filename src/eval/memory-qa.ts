@@ -59,6 +59,12 @@ export interface MemoryQAOptions {
   maxAnswerTokens?: number;
   /** Memory tokens dki* inject per question at most (DKIConfig.memoryMaxTokens; default DKI's, 1024). */
   memoryMaxTokens?: number;
+  /**
+   * DKIConfig for the dki* modes over the harness's defaults (positions, encoding prefix, block
+   * fixes, α scaling: what bench/memory-sweeps.js varies). A key the harness sets itself (top-k,
+   * instruction, memory encoding, ...) must agree with it; run.json records the object.
+   */
+  dkiConfig?: DKIConfigInput;
   device?: "cpu" | "cuda";
   threads?: number;
   /** Own-token window (LoadOptions.contextSize); full drops oldest turns to fit it. */
@@ -122,6 +128,7 @@ export interface RunSettings {
   judge: string | null;
   embedder: string;
   device: "cpu" | "cuda";
+  dkiConfig: DKIConfigInput | null;
 }
 
 export interface MemoryQAResult {
@@ -150,6 +157,10 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
   if (o.memoryMaxTokens !== undefined && !(Number.isInteger(o.memoryMaxTokens) && o.memoryMaxTokens >= 1)) throw new DkiArgumentError(`memoryMaxTokens must be an integer >= 1, got ${o.memoryMaxTokens}`);
   if (o.limit !== undefined && !(Number.isInteger(o.limit) && o.limit >= 1)) throw new DkiArgumentError(`limit must be an integer >= 1, got ${o.limit}`);
 
+  // Before anything loads: a conflicting dkiConfig is the caller's mistake, not a failed run.
+  const probe = { topK, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, dkiConfig: o.dkiConfig };
+  for (const m of modes) if (m === "dki" || m === "dki-joint") dkiModeConfig(probe, m);
+
   const data = await loadQADataset(o.data);
   if (o.judge !== undefined && data.format !== "longmemeval") throw new DkiArgumentError(`--judge asks LongMemEval's per-type questions; ${o.data} is a ${data.format} file (scored by its own rules)`);
   const questions = selectQuestions(data, o);
@@ -167,6 +178,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
     judge: o.judge === undefined ? null : resolve(o.judge),
     embedder: o.embedder?.id ?? "hashing (default)",
     device: o.device ?? "cpu",
+    dkiConfig: o.dkiConfig ?? null,
   };
   const saveSettings = checkSettings(join(out, "run.json"), settings);
   const resultsFile = join(out, "results.jsonl");
@@ -191,7 +203,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
       // One throwaway answer first: the first call of a process pays for the threads and caches
       // warming up, which would otherwise land in one question's TTFT.
       await model.generate({ tokens: await renderQuery(model, "Hello?") }, { maxNewTokens: 2 });
-      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder };
+      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, dkiConfig: o.dkiConfig, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder };
       const byUser = new Map(data.conversations.map((c) => [c.userId, c]));
       for (const mode of modes) {
         const mine = todo.filter((t) => t.mode === mode);
@@ -270,7 +282,7 @@ function shuffled<T>(items: readonly T[], seed: number): T[] {
 function checkSettings(file: string, s: RunSettings): () => void {
   const before = existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as Partial<RunSettings>) : null;
   if (before !== null) {
-    const differ = (Object.keys(s) as (keyof RunSettings)[]).filter((k) => k !== "modes" && JSON.stringify(before[k]) !== JSON.stringify(s[k]));
+    const differ = (Object.keys(s) as (keyof RunSettings)[]).filter((k) => k !== "modes" && JSON.stringify(before[k] ?? null) !== JSON.stringify(s[k]));
     if (differ.length > 0) {
       throw new DkiArgumentError(`${file} holds a run with other settings (${differ.map((k) => `${k}: ${JSON.stringify(before[k])} then, ${JSON.stringify(s[k])} now`).join("; ")}); use another --out folder`);
     }
@@ -324,6 +336,7 @@ interface RunContext {
   alpha: number | undefined;
   maxAnswerTokens: number;
   memoryMaxTokens: number | undefined;
+  dkiConfig: DKIConfigInput | undefined;
   storeDir: string;
   cacheDir: string;
   embedder: Embedder | undefined;
@@ -340,7 +353,7 @@ function answerer(fn: (q: QAQuestion, c: ImportedConversation) => Promise<QARow>
  * answer's room as the generation reserve (as full leaves it), so RAG's context budget is half of
  * the window less the answer rather than less DKI's chat default of 512.
  */
-function systemConfig(ctx: RunContext, extra: DKIConfigInput = {}): DKIConfigInput {
+function systemConfig(ctx: Pick<RunContext, "topK" | "maxAnswerTokens" | "memoryMaxTokens">, extra: DKIConfigInput = {}): DKIConfigInput {
   return {
     maxMemories: ctx.topK,
     systemPrompt: ANSWER_INSTRUCTION,
@@ -350,6 +363,18 @@ function systemConfig(ctx: RunContext, extra: DKIConfigInput = {}): DKIConfigInp
     ...(ctx.memoryMaxTokens === undefined ? {} : { memoryMaxTokens: ctx.memoryMaxTokens }),
     ...extra,
   };
+}
+
+/** A dki* mode's config: the caller's dkiConfig under the harness's own settings, which it may repeat but not change. */
+function dkiModeConfig(ctx: Pick<RunContext, "topK" | "maxAnswerTokens" | "memoryMaxTokens" | "dkiConfig">, mode: "dki" | "dki-joint"): DKIConfigInput {
+  const own: Record<string, unknown> = systemConfig(ctx, { memoryEncoding: mode === "dki" ? "separate" : "joint" });
+  const theirs: Record<string, unknown> = { ...ctx.dkiConfig };
+  for (const [k, v] of Object.entries(theirs)) {
+    if (k in own && JSON.stringify(own[k]) !== JSON.stringify(v)) {
+      throw new DkiArgumentError(`dkiConfig.${k} is ${JSON.stringify(v)} but the ${mode} mode runs with ${JSON.stringify(own[k])} (the harness sets it: top-k, instruction, answer room and memory encoding are options of the run, and the joint encoding is the dki-joint mode)`);
+    }
+  }
+  return { ...theirs, ...own } as DKIConfigInput;
 }
 
 async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
@@ -395,7 +420,7 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
     }
     case "dki":
     case "dki-joint": {
-      const dki = await DKISystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, config: systemConfig(ctx, { memoryEncoding: mode === "dki" ? "separate" : "joint" }) });
+      const dki = await DKISystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, config: dkiModeConfig(ctx, mode) });
       return answerer(
         async (q) => {
           const routed = await routeMemories(dki.store, q.question, { userId: q.userId, limit: ctx.topK });

@@ -1,7 +1,9 @@
 // The memory-QA report: <base>.md and <base>.json from a run's rows, with two plots beside them
 // (<base>-by-category.png: F1 by mode and category; <base>-ttft.png: F1 against mean TTFT).
 //
-//   per mode             n, EM, F1, EM on the answerable questions, abstention accuracy on the
+//   per mode             n, EM, F1, EM on the answerable questions (all of them, and those whose
+//                        evidence all reached the model: what the mode does with the memory,
+//                        retrieval's misses aside), abstention accuracy on the
 //                        others, judge (when one ran), mean and median TTFT, mean turn latency,
 //                        mean prompt tokens, memory tokens, evidence recall, left out / dropped
 //   category × mode      EM / F1 (n) per LoCoMo category or LongMemEval question type
@@ -19,6 +21,9 @@ export interface ModeSummary {
   /** EM over the answerable questions (null when there are none). */
   emAnswerable: number | null;
   nAnswerable: number;
+  /** EM over the answerable questions whose evidence all reached the model (rag, dki*: routed; full: kept in the window); null when none did or the mode reads no memory. */
+  emEvidenceIn: number | null;
+  nEvidenceIn: number;
   /** Share of the unanswerable questions answered "not mentioned" (null when there are none). */
   abstention: number | null;
   /** Mean judge verdict over the rows judged (null when none was). */
@@ -75,6 +80,7 @@ export function summarizeModes(rows: readonly QARow[], modes: readonly Mode[]): 
     const r = rows.filter((x) => x.mode === mode);
     const answerable = r.filter((x) => x.answerable);
     const other = r.filter((x) => !x.answerable);
+    const evidenceIn = answerable.filter((x) => x.evidenceRecall === 1);
     return {
       mode,
       n: r.length,
@@ -82,6 +88,8 @@ export function summarizeModes(rows: readonly QARow[], modes: readonly Mode[]): 
       f1: mean(r.map((x) => x.f1)),
       emAnswerable: meanOrNull(answerable.map((x) => x.em)),
       nAnswerable: answerable.length,
+      emEvidenceIn: meanOrNull(evidenceIn.map((x) => x.em)),
+      nEvidenceIn: evidenceIn.length,
       abstention: meanOrNull(other.map((x) => x.em)),
       judge: meanOrNull(r.flatMap((x) => (x.judge === null ? [] : [x.judge]))),
       ttftMs: mean(r.map((x) => x.ttftMs)),
@@ -170,11 +178,11 @@ function markdown(r: MemoryQAReport, label: (c: string) => string): string {
     "",
     "## By mode",
     "",
-    `| mode | n | EM % | F1 % | EM answerable % (n) | abstention % | ${s.judge === null ? "" : "judge % | "}TTFT ms mean / median | turn ms | prompt tokens | memory tokens | evidence recall % | left out / dropped |`,
-    `| --- | ---: | ---: | ---: | ---: | ---: | ${s.judge === null ? "" : "---: | "}---: | ---: | ---: | ---: | ---: | ---: |`,
+    `| mode | n | EM % | F1 % | EM answerable % (n) | EM answerable, evidence in % (n) | abstention % | ${s.judge === null ? "" : "judge % | "}TTFT ms mean / median | turn ms | prompt tokens | memory tokens | evidence recall % | left out / dropped |`,
+    `| --- | ---: | ---: | ---: | ---: | ---: | ---: | ${s.judge === null ? "" : "---: | "}---: | ---: | ---: | ---: | ---: | ---: |`,
     ...r.modes.map(
       (x) =>
-        `| ${x.mode} | ${x.n} | ${pct(x.em)} | ${pct(x.f1)} | ${pct(x.emAnswerable)} (${x.nAnswerable}) | ${pct(x.abstention)} | ${s.judge === null ? "" : `${pct(x.judge)} | `}${ms(x.ttftMs)} / ${ms(x.ttftMedianMs)} | ${ms(x.turnMs)} | ${x.promptTokens.toFixed(0)} | ${x.memoryTokens.toFixed(0)} | ${pct(x.evidenceRecall)} | ${x.leftOut.toFixed(2)} |`,
+        `| ${x.mode} | ${x.n} | ${pct(x.em)} | ${pct(x.f1)} | ${pct(x.emAnswerable)} (${x.nAnswerable}) | ${pct(x.emEvidenceIn)} (${x.nEvidenceIn}) | ${pct(x.abstention)} | ${s.judge === null ? "" : `${pct(x.judge)} | `}${ms(x.ttftMs)} / ${ms(x.ttftMedianMs)} | ${ms(x.turnMs)} | ${x.promptTokens.toFixed(0)} | ${x.memoryTokens.toFixed(0)} | ${pct(x.evidenceRecall)} | ${x.leftOut.toFixed(2)} |`,
     ),
     "",
     `## By ${r.format === "locomo" ? "category" : "question type"} (EM % / F1 % (n))`,
