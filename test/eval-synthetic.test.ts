@@ -152,3 +152,43 @@ it("--values replaces the named attributes' values; a bad values file is refused
   await expect(runCli(["--out", out, "--values", values])).rejects.toThrow(/city needs at least two distinct values/);
   await expect(runCli(["--out", out, "--lang", "en,fr"])).rejects.toThrow(/--lang must be a comma-separated list of en and zh/);
 });
+
+it("--small-talk sets the small-talk exchanges: longer conversations with the same facts and questions; a bad count is refused", async () => {
+  const base = generateSynthetic({ seed: 4, split: "heldout", conversations: 3, languages: ["en", "zh"] });
+  const long = generateSynthetic({ seed: 4, split: "heldout", conversations: 3, languages: ["en", "zh"], smallTalk: 40 });
+  for (const [i, s] of long.entries()) {
+    // Every user turn is a fact, a friend's fact or small talk; with 40 small-talk exchanges the
+    // conversation has its facts' turns plus exactly 40 exchanges (80 turns).
+    const facts = s.qa.filter((q) => q.category === 4).length;
+    expect(turns(s).length).toBeGreaterThanOrEqual(2 * (facts + 40));
+    expect(turns(s).length).toBeGreaterThan(turns(base[i]!).length + 40);
+    for (const q of s.qa.filter((x) => x.category === 4)) expect(turns(s).some((t) => t.dia_id === q.evidence[0] && at(t.text, q.answer) >= 0)).toBe(true);
+  }
+  const out = join(tempDir(), "long.json");
+  await runCli(["--out", out, "--seed", "4", "--conversations", "3", "--small-talk", "40"]);
+  expect(readFileSync(out, "utf8")).toBe(serializeSynthetic(long));
+  expect(() => generateSynthetic({ seed: 4, split: "heldout", conversations: 1, languages: ["en"], smallTalk: -1 })).toThrow(/smallTalk must be an integer in \[0, 10000\], got -1/);
+  await expect(runCli(["--out", out, "--small-talk", "x"])).rejects.toThrow(/--small-talk/);
+});
+
+it("--friend-facts adds that many distinct friends' facts: distractors that never change an answer", async () => {
+  const many = generateSynthetic({ seed: 5, split: "heldout", conversations: 2, languages: ["en", "zh"], friendFacts: 50 });
+  for (const s of many) {
+    const friends = turns(s).filter(isFriendTurn);
+    expect(friends.length).toBeGreaterThanOrEqual(50);
+    // The conversation's own friend facts (the unanswerable questions' bait) are there besides.
+    expect(friends.length).toBeGreaterThan(50);
+    // Mostly their own texts (a repeat needs the same friend, attribute and value).
+    expect(new Set(friends.map((t) => t.text)).size).toBeGreaterThan(45);
+    // Every answerable question's evidence is still the user's own turn stating the answer.
+    for (const q of s.qa.filter((x) => x.category === 4)) {
+      const t = turns(s).find((x) => x.dia_id === q.evidence[0])!;
+      expect(isFriendTurn(t)).toBe(false);
+      expect(at(t.text, q.answer)).toBeGreaterThanOrEqual(0);
+    }
+  }
+  const out = join(tempDir(), "friends.json");
+  await runCli(["--out", out, "--seed", "5", "--conversations", "2", "--friend-facts", "50"]);
+  expect(readFileSync(out, "utf8")).toBe(serializeSynthetic(many));
+  expect(() => generateSynthetic({ seed: 5, split: "heldout", conversations: 1, languages: ["en"], friendFacts: 1.5 })).toThrow(/friendFacts must be an integer in \[0, 10000\], got 1.5/);
+});

@@ -18,6 +18,8 @@ interface SynthFlags {
   conversations: number;
   lang: SynthLanguage[];
   values?: string;
+  smallTalk?: number;
+  friendFacts?: number;
 }
 
 export function registerEvalSynth(group: Command): void {
@@ -30,9 +32,11 @@ export function registerEvalSynth(group: Command): void {
     .option("--conversations <n>", "conversations (store users) to write", intOption("--conversations", 1, 1_000_000), 20)
     .option("--lang <list>", "languages, comma-separated, taken in turn per conversation: en, zh", languagesOption, ["en", "zh"] as SynthLanguage[])
     .option("--values <file>", "JSON object attribute → list of values, replacing the built-in vocabulary of those attributes")
+    .option("--small-talk <n>", "small-talk exchanges a conversation (default 4-7 at random): more give users with long memories", intOption("--small-talk", 0, 10_000))
+    .option("--friend-facts <n>", "extra facts about friends a conversation (distractors, each its own text; default 0)", intOption("--friend-facts", 0, 10_000))
     .action(async (f: SynthFlags) => {
       const values = f.values === undefined ? undefined : checkValues(await readJsonObject(f.values), f.values);
-      const samples = generateSynthetic({ seed: f.seed, split: f.split, conversations: f.conversations, languages: f.lang, values });
+      const samples = generateSynthetic({ seed: f.seed, split: f.split, conversations: f.conversations, languages: f.lang, values, smallTalk: f.smallTalk, friendFacts: f.friendFacts });
       await writeFile(f.out, serializeSynthetic(samples));
       const questions = samples.reduce((n, s) => n + s.qa.length, 0);
       process.stderr.write(`dki: wrote ${samples.length} conversations, ${questions} questions to ${f.out}\n`);

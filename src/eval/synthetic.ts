@@ -45,6 +45,16 @@ export interface SynthOptions {
   languages: readonly SynthLanguage[];
   /** Attribute → values, replacing the built-in vocabulary of those attributes (every split, every language). */
   values?: Readonly<Record<string, readonly string[]>>;
+  /**
+   * Small-talk exchanges a conversation (default: 4–7 at random). More make longer conversations
+   * with the same facts: a user with over 1,000 memory tokens, for the latency of injecting many.
+   */
+  smallTalk?: number;
+  /**
+   * Extra facts about friends a conversation (default 0): distractors on any attribute, each its
+   * own text, so that a user's memories reach 1,000 tokens and more without repeating themselves.
+   */
+  friendFacts?: number;
 }
 
 /** The answer to a question about something never mentioned (the answer instruction's words). */
@@ -363,7 +373,7 @@ type Event =
   | { kind: "friend"; attr: string; friend: string; value: string }
   | { kind: "smalltalk" };
 
-function conversation(r: Rand, id: string, lang: SynthLanguage, pools: Record<string, string[]>): SynthSample {
+function conversation(r: Rand, id: string, lang: SynthLanguage, pools: Record<string, string[]>, o: Pick<SynthOptions, "smallTalk" | "friendFacts">): SynthSample {
   const phr = (a: string) => ATTRIBUTES[a]![lang];
   const attrs = shuffle(r, [...ATTRIBUTE_NAMES]);
   const nStated = int(r, 7, 10);
@@ -400,7 +410,11 @@ function conversation(r: Rand, id: string, lang: SynthLanguage, pools: Record<st
     friendValues.set(a, v);
     events.push({ kind: "friend", attr: a, friend: pick(r, FRIENDS[lang]), value: v });
   }
-  for (let i = int(r, 4, 7); i > 0; i--) events.push({ kind: "smalltalk" });
+  for (let i = o.friendFacts ?? 0; i > 0; i--) {
+    const a = pick(r, ATTRIBUTE_NAMES);
+    events.push({ kind: "friend", attr: a, friend: pick(r, FRIENDS[lang]), value: value(a, own.has(a) ? [own.get(a)!] : []) });
+  }
+  for (let i = o.smallTalk ?? int(r, 4, 7); i > 0; i--) events.push({ kind: "smalltalk" });
   shuffle(r, events);
   // Put each update after its statement (swap the two when the shuffle reversed them).
   for (let i = 0; i < events.length; i++) {
@@ -466,6 +480,8 @@ export function generateSynthetic(o: SynthOptions): SynthSample[] {
   if (o.split !== "train" && o.split !== "heldout") throw new DkiArgumentError(`split must be "train" or "heldout", got ${JSON.stringify(o.split)}`);
   if (!Number.isSafeInteger(o.conversations) || o.conversations < 1) throw new DkiArgumentError(`conversations must be a positive integer, got ${o.conversations}`);
   if (o.languages.length === 0 || o.languages.some((l) => l !== "en" && l !== "zh")) throw new DkiArgumentError(`languages must be en and/or zh, got ${JSON.stringify(o.languages)}`);
+  if (o.smallTalk !== undefined && !(Number.isSafeInteger(o.smallTalk) && o.smallTalk >= 0 && o.smallTalk <= 10_000)) throw new DkiArgumentError(`smallTalk must be an integer in [0, 10000], got ${o.smallTalk}`);
+  if (o.friendFacts !== undefined && !(Number.isSafeInteger(o.friendFacts) && o.friendFacts >= 0 && o.friendFacts <= 10_000)) throw new DkiArgumentError(`friendFacts must be an integer in [0, 10000], got ${o.friendFacts}`);
   const custom = o.values === undefined ? {} : checkValues(o.values);
   const vocab = vocabulary();
   const r = prng(o.seed);
@@ -474,7 +490,7 @@ export function generateSynthetic(o: SynthOptions): SynthSample[] {
     const lang = o.languages[i % o.languages.length]!;
     const pools: Record<string, string[]> = {};
     for (const a of ATTRIBUTE_NAMES) pools[a] = custom[a] ?? vocab[lang][a]![o.split];
-    samples.push(conversation(r, `synth-${o.split}-${o.seed}-${i}`, lang, pools));
+    samples.push(conversation(r, `synth-${o.split}-${o.seed}-${i}`, lang, pools, o));
   }
   return samples;
 }
