@@ -9,7 +9,9 @@
 //       writes D/train.json, D/heldout.json (LoCoMo form) and D/corpus.txt (tokenizer training text)
 //   node models/memory-qa/export.mjs encode --dir D --tokenizer FOLDER --seed S [--copies N]
 //       writes D/train.jsonl and D/heldout.jsonl: one example a line,
-//       { mode, lang, category, answerText, prompt: ids, answer: ids, blocks?: [ids], prefix?: ids }
+//       { mode, conv, lang, category, answerText, prompt: ids, answer: ids, blocks?: [ids], prefix?: ids }
+//       (conv: the conversation's index in its set; train.py packs one conversation's `full`
+//       questions into one row)
 //       (held-out rows also the texts: question, memories or conversation)
 //       (`answer` ends with the end-of-turn id; `blocks`/`prefix` for mode "dki": the memories as
 //       separate K/V blocks, each behind `prefix`, the prompt being the "none" prompt)
@@ -101,13 +103,13 @@ function retrieve(r, turns, q, k) {
 
 async function examples(samples, r, copies, modes, withTexts) {
   const out = [];
-  for (const s of samples) {
+  for (const [conv, s] of samples.entries()) {
     const turns = turnsOf(s).map((t) => ({ ...t, attribute: t.speaker === s.conversation.speaker_a ? attributeOf(t.text) : null }));
     const lang = s.conversation.speaker_a === "User" ? "en" : "zh";
     const conversation = renderConversation(turns);
     for (const q of s.qa) {
       const answer = answerIds(q.answer);
-      const base = { lang, category: q.category, answerText: q.answer, ...(withTexts ? { question: q.question } : {}) };
+      const base = { conv, lang, category: q.category, answerText: q.answer, ...(withTexts ? { question: q.question } : {}) };
       const bare = await none(q.question);
       for (let c = 0; c < copies; c++) {
         if (modes.none && r() < modes.none) out.push({ ...base, mode: "none", prompt: bare, answer: answerIds("not mentioned"), answerText: "not mentioned" });
@@ -137,7 +139,7 @@ const r = prng(seed);
 const train = JSON.parse(await readFile(join(dir, "train.json"), "utf8"));
 const heldout = JSON.parse(await readFile(join(dir, "heldout.json"), "utf8"));
 const write = (file, rows) => writeFile(join(dir, file), rows.map((x) => JSON.stringify(x)).join("\n") + "\n");
-const trainRows = await examples(train, r, Number(a.copies), { none: 0.08, full: 0.25, rag: 1, dki: 1 }, false);
+const trainRows = await examples(train, r, Number(a.copies), { none: 0.08, full: 1, rag: 1, dki: 1 }, false);
 await write("train.jsonl", trainRows);
 // Held-out rows keep the texts they were rendered from (golden.py passes them to the engine test).
 const heldRows = await examples(heldout, prng(seed + 7), 1, { none: 1, full: 1, rag: 1, dki: 1 }, true);

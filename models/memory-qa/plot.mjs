@@ -15,12 +15,21 @@ const em = [];
 for (const variant of ["plain", "block-aware"]) {
   const file = join(here, "logs", `${variant}.jsonl`);
   if (!existsSync(file)) continue;
-  // The block-aware run continues the plain one: its steps are counted after the plain run's.
-  const offset = variant === "plain" ? 0 : Math.max(0, ...loss.filter((r) => r.variant === "plain").map((r) => r.step));
-  for (const line of readFileSync(file, "utf8").split("\n").filter(Boolean)) {
-    const r = JSON.parse(line);
+  const rows = readFileSync(file, "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  // The copy drill run alone before the task (train.py's drill_first) takes the steps before 0;
+  // the block-aware run continues the plain one: its steps are counted after the plain run's.
+  const drilled = Math.max(0, ...rows.map((r) => r.drill_step ?? 0));
+  const offset = variant === "plain" ? 0 : Math.max(0, ...loss.filter((r) => r.variant.startsWith("plain")).map((r) => r.step));
+  for (const r of rows) {
+    if (r.drill_step !== undefined) {
+      loss.push({ variant: `${variant}: copy drill alone`, step: r.drill_step - drilled, loss: r.drill_loss });
+      continue;
+    }
     const step = r.step + offset;
-    if (!r.final) loss.push({ variant, step, loss: r.loss });
+    if (!r.final) {
+      loss.push({ variant: `${variant}: answer tokens`, step, loss: r.loss });
+      if (r.drill_loss !== undefined) loss.push({ variant: `${variant}: copy drill (mixed in)`, step, loss: r.drill_loss });
+    }
     for (const [mode, v] of Object.entries(r.heldout_em ?? {})) em.push({ series: `${variant}: ${mode}`, step, em: v });
   }
 }
@@ -28,8 +37,8 @@ const panel = (title, values, y, color, scale) => ({
   title, width: 520, height: 260, data: { values },
   mark: { type: "line", point: y !== "loss", strokeWidth: 2 },
   encoding: {
-    x: { field: "step", type: "quantitative", title: "step (block-aware continues the plain run)" },
-    y: { field: y, type: "quantitative", title: y === "loss" ? "training loss (answer tokens)" : "held-out exact match", scale },
+    x: { field: "step", type: "quantitative", title: "step (before 0: the copy drill alone; block-aware continues the plain run)" },
+    y: { field: y, type: "quantitative", title: y === "loss" ? "training loss (nats)" : "held-out exact match", scale },
     color: { field: color, type: "nominal", legend: { labelLimit: 300 } },
   },
 });
