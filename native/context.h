@@ -91,6 +91,11 @@ class Context {
   bool segments_checked_ = true;
   // Per segment: cos then sin of −shift·inv_freq ([head_dim]), empty for a shift of 0 (or on a GPU).
   std::vector<std::vector<float>> segment_turns_;
+  // What the CPU attention reads: segments_, with runs of short adjacent ones merged (see
+  // plan_attended), and their turns. segments_ itself stays as given, for the checks that name a segment.
+  std::vector<Segment> attended_;
+  std::vector<std::vector<float>> attended_turns_;
+  void plan_attended();
   std::atomic<bool> cancel_{false};
   std::vector<int32_t> tokens_;  // own tokens, for export_block
   int probe_layer_ = -1;

@@ -178,6 +178,55 @@ void Context::set_segments(std::vector<Segment> segments) {
   segments_ = std::move(segments);
   segment_turns_ = std::move(turns);
   segments_checked_ = segments_.empty();
+  attended_.clear();
+  attended_turns_.clear();
+  if (!cuda_) plan_attended();
+}
+
+// DKISystem injects one block per memory, ~10–30 tokens each. The CPU attention makes a scores and
+// a weighted-sum call per segment for every query, head and layer, and a short segment fills its
+// 16-key vectors only partly, so many short blocks cost far more than one block of their tokens.
+// A run of short segments that sit next to each other (each starts where the one before ends) with
+// the same α, scaling and temperature is attended as one block: the keys rotated to where they
+// sit, copied once per setSegments. At most kCoalesceTokens are copied a call, so a huge injection
+// costs a bounded amount of memory more.
+namespace {
+constexpr int kShortSegment = 64;
+constexpr int64_t kCoalesceTokens = 8192;
+}  // namespace
+
+void Context::plan_attended() {
+  const ModelConfig& c = model_->config();
+  const auto start = [](const Segment& s) { return int64_t(s.block->start_pos) + s.shift; };
+  const auto joins = [&](const Segment& a, const Segment& b) {
+    return b.block->n_tokens < kShortSegment && b.alpha == a.alpha && b.logit_scaling == a.logit_scaling && b.temperature == a.temperature &&
+           start(b) == start(a) + a.block->n_tokens;
+  };
+  int64_t copied = 0;
+  for (size_t i = 0; i < segments_.size();) {
+    size_t j = i + 1;
+    int64_t run = segments_[i].block->n_tokens;
+    if (run < kShortSegment)
+      while (j < segments_.size() && joins(segments_[j - 1], segments_[j]) && copied + run + segments_[j].block->n_tokens <= kCoalesceTokens) run += segments_[j++].block->n_tokens;
+    if (j - i == 1) {
+      attended_.push_back(segments_[i]);
+      attended_turns_.push_back(segment_turns_[i]);
+    } else {
+      // concat_blocks lays the run out from the first block's own start; one remap then moves it
+      // where the first segment sits, and every later block lands where it sits too.
+      std::vector<BlockPtr> run_blocks;
+      for (size_t k = i; k < j; k++) run_blocks.push_back(segments_[k].block);
+      BlockPtr merged = concat_blocks(run_blocks, model_->inv_freq(), c.rope_interleaved);
+      if (merged->start_pos != start(segments_[i])) merged = remap_positions(*merged, int(start(segments_[i])), model_->inv_freq(), c.rope_interleaved);
+      Segment m = segments_[i];
+      m.block = merged;
+      m.shift = 0;
+      attended_.push_back(m);
+      attended_turns_.emplace_back();
+      copied += run;
+    }
+    i = j;
+  }
 }
 
 void Context::check_segments() const {
@@ -370,7 +419,7 @@ void Context::attention(int l, int T) {
   const float scale = 1.f / std::sqrt(float(hd));
   const int past = n_past_;
   int n_seg_tokens = 0;
-  for (const auto& s : segments_) n_seg_tokens += s.block->n_tokens;
+  for (const auto& s : attended_) n_seg_tokens += s.block->n_tokens;
   const int max_s = n_seg_tokens + past + T;
 
   // Work items are blocks of up to kQueryBlock consecutive queries of one head, head-major: each
@@ -395,10 +444,10 @@ void Context::attention(int l, int T) {
         float* scores = &probs[size_t(q_i) * max_s];
         // Scores: q·k / sqrt(hd) (over T on a segment's columns), plus ln(alpha) on the columns of logit-scaled segments.
         int j = 0;
-        for (size_t si = 0; si < segments_.size(); si++) {
-          const Segment& s = segments_[si];
+        for (size_t si = 0; si < attended_.size(); si++) {
+          const Segment& s = attended_[si];
           const KVBlock& b = *s.block;
-          const std::vector<float>& turn = segment_turns_[si];
+          const std::vector<float>& turn = attended_turns_[si];
           const float* qs = q;
           if (!turn.empty()) {
             std::copy_n(q, hd, turned.data());
@@ -429,7 +478,7 @@ void Context::attention(int l, int T) {
         // Probabilities; value-scaled segments contribute alpha·V.
         for (int i = 0; i < S; i++) scores[i] *= inv;
         j = 0;
-        for (const auto& s : segments_) {
+        for (const auto& s : attended_) {
           if (!s.logit_scaling && s.alpha != 1.f)
             for (int i = 0; i < s.block->n_tokens; i++) scores[j + i] *= s.alpha;
           j += s.block->n_tokens;
@@ -442,7 +491,7 @@ void Context::attention(int l, int T) {
       const int ldo = H * hd;
       for (int q_i = 0; q_i < nq; q_i++) std::fill(out + size_t(q_i) * ldo, out + size_t(q_i) * ldo + hd, 0.f);
       int j = 0;
-      for (const auto& s : segments_) {
+      for (const auto& s : attended_) {
         const KVBlock& b = *s.block;
         K.weighted_sum_rows(&probs[j], max_s, nq, b.v_layer(l) + size_t(kvh) * b.n_tokens * hd, b.n_tokens, hd, out, ldo);
         j += b.n_tokens;

@@ -167,6 +167,9 @@ describe("non-finite values", () => {
       const inject = m.generate(PROMPT, { maxNewTokens: 2, segments: [{ kv: fine, alpha: 0.01 }, { kv: bad }] });
       await expect(inject).rejects.toThrow(/^generate: segments\[1\] \(1 tokens\) holds NaN or ±inf \(a key in layer 0 of 2\); it cannot be injected$/);
       expect(((await inject.catch((e: unknown) => e)) as NonFiniteError).segment).toBe(1);
+      // Short blocks side by side with one α are attended as one merged block; the check still names the caller's segment.
+      const adjacent = m.generate(PROMPT, { maxNewTokens: 2, positions: "negative", segments: [{ kv: await m.computeBlock("fine") }, { kv: await m.computeBlock([first]) }] });
+      await expect(adjacent).rejects.toThrow(/^generate: segments\[1\] \(1 tokens\) holds NaN or ±inf \(a key in layer 0 of 2\); it cannot be injected$/);
       // A remapped copy carries what the scan of its source found.
       await expect(m.generate(PROMPT, { maxNewTokens: 2, segments: [{ kv: await bad.remap(-7) }] })).rejects.toThrow(/^generate: segments\[0\] \(1 tokens\) holds NaN or ±inf/);
       // Non-finite logits with a memory injected say which segments were.

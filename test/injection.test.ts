@@ -103,6 +103,27 @@ describe("α scaling against the float64 reference", () => {
     expect(maxRowDiff(want, got)).toBeLessThan(1e-4);
   });
 
+  test("many short blocks side by side, as DKISystem injects one per memory, equal the reference: runs of one α attended as one block or not", async () => {
+    // Five short blocks computed at position 0, injected at [-M, -1] in order: two runs of equal α
+    // and scaling (merged by the CPU attention), then a long block (never merged) and a short one.
+    const long = Array.from({ length: 70 }, (_, i) => (i * 37 + 11) % 1000);
+    const pieces = [memory.slice(0, 4), memory.slice(4, 7), pref, memory.slice(7), long, [5, 6, 7]];
+    const alphas = [1, 1, 0.5, 0.5, 0.5, 0.5];
+    const blocks = await Promise.all(pieces.map((p) => model.computeBlock(p)));
+    const got = await model.logits(prompt, { segments: blocks.map((kv, i) => ({ kv, alpha: alphas[i] })), positions: "negative" });
+    let at = -pieces.reduce((n, p) => n + p.length, 0);
+    const segs = [];
+    for (const [i, b] of blocks.entries()) {
+      segs.push(refSegment(await b.remap(at), alphas[i]!, "value"));
+      at += b.nTokens;
+    }
+    const want = refForward(ref, prompt, { startPos: 0, segments: segs }).logits;
+    expect(maxRowDiff(want, got)).toBeLessThan(1e-4);
+    // Merged or not, the same: the blocks one at a time with α nudged apart (no run to merge) agree within float rounding.
+    const apart = await model.logits(prompt, { segments: blocks.map((kv, i) => ({ kv, alpha: alphas[i]! * (1 + i * 1e-7) })), positions: "negative" });
+    expect(maxRowDiff(apart, got)).toBeLessThan(1e-4);
+  });
+
   test("the reference's own memory K/V equal the native block's (independent check of compute)", async () => {
     const kv = await model.computeBlock(memory, { startPos: -memory.length });
     const r = refForward(ref, memory, { startPos: -memory.length });
