@@ -52,6 +52,14 @@ constexpr int kChunksPerThread = 4;
 // the core sooner than a spinner that has used up its share.
 constexpr auto kContended = std::chrono::microseconds(20);
 
+// A caller that waited this long (and longer than its own chunks took, ×4) for chunks that other
+// threads held: one of them was taken off its core mid-chunk, and the loop waited for the OS to
+// give it back. With more runnable threads than cores this happens loop after loop (decode, ~200
+// small loops a token, fell to 0.6× one thread under one busy process), so the caller then runs
+// every chunk itself for kSolo, as one thread would, before it tries the workers again.
+constexpr auto kStall = std::chrono::microseconds(200);
+constexpr auto kSolo = std::chrono::milliseconds(50);
+
 // Calls done() until it is true, `budget` has passed or the core proves contended; false: the
 // caller should sleep.
 template <class Done>
@@ -116,10 +124,7 @@ void ThreadPool::run_chunks() {
     const uint64_t claim = claim_.fetch_add(1, std::memory_order_acq_rel);
     const uint32_t chunks = uint32_t((claim >> kChunkBits) & kChunkMask), k = uint32_t(claim & kChunkMask);
     if (k >= chunks) return;
-    // Chunk k of `chunks`, in whole units of align_ elements.
-    const int begin = int(int64_t(units_) * k / chunks) * align_;
-    const int end = std::min(int(int64_t(units_) * (k + 1) / chunks) * align_, n_);
-    (*fn_)(begin, end);
+    (*fn_)(chunk_begin(k, chunks), chunk_end(k, chunks));
     if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks && caller_asleep_.load(std::memory_order_seq_cst)) wake_all(done_);
   }
 }
@@ -153,6 +158,13 @@ void ThreadPool::parallel_for(int n, int align, const std::function<void(int, in
   n_ = n;
   fn_ = &fn;
   const uint32_t chunks = uint32_t(std::min(units_, n_threads_ * kChunksPerThread));
+  const Clock::time_point start = Clock::now();
+  if (start < solo_until_) {
+    // The same chunks in order, so the same bits as with the workers.
+    for (uint32_t k = 0; k < chunks; k++) fn(chunk_begin(k, chunks), chunk_end(k, chunks));
+    fn_ = nullptr;
+    return;
+  }
   done_.store(0, std::memory_order_relaxed);
   caller_asleep_.store(0, std::memory_order_relaxed);
   const uint32_t loop = loop_.load(std::memory_order_relaxed) + 1;
@@ -162,11 +174,14 @@ void ThreadPool::parallel_for(int n, int align, const std::function<void(int, in
 
   run_chunks();
   // The chunks other threads claimed: spin while they are likely running, then sleep.
+  const Clock::time_point ran = Clock::now();
   const auto finished = [&] { return done_.load(std::memory_order_acquire) == chunks; };
   if (!spin_until(finished, kCallerSpin)) {
     caller_asleep_.store(1, std::memory_order_seq_cst);
     for (uint32_t d; (d = done_.load(std::memory_order_seq_cst)) != chunks;) sleep_while(done_, d);
   }
+  const Clock::time_point end = Clock::now();
+  if (end - ran > kStall && end - ran > 4 * (ran - start)) solo_until_ = end + kSolo;
   fn_ = nullptr;
 }
 

@@ -5,7 +5,9 @@
 // spin briefly, then yield their core, then sleep on a futex: on a machine with more runnable
 // threads than cores a waiting thread does not keep the thread it waits for off a core.
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -32,6 +34,9 @@ class ThreadPool {
   void worker();
   // Claims and runs chunks of the current loop until none is left.
   void run_chunks();
+  // Chunk k of `chunks`, in whole units of align_ elements.
+  int chunk_begin(uint32_t k, uint32_t chunks) const { return int(int64_t(units_) * k / chunks) * align_; }
+  int chunk_end(uint32_t k, uint32_t chunks) const { return std::min(int(int64_t(units_) * (k + 1) / chunks) * align_, n_); }
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -53,6 +58,8 @@ class ThreadPool {
   int n_ = 0;
   int align_ = 1;
   int units_ = 0;  // ceil(n / align)
+  // Until then the caller runs every chunk itself (a recent loop stalled on a descheduled worker).
+  std::chrono::steady_clock::time_point solo_until_{};
 };
 
 // The engine's shared pool; resized with set_thread_count (not while a loop runs).
