@@ -32,6 +32,7 @@ const PREFILL = 128;
 const DECODE = 32;
 const PROBE_TIMEOUT_MS = 300_000;
 const baseline = flag("baseline", undefined);
+const LLAMA_DEFAULT = "llama.cpp default (8 decode steps, 1 run)";
 if (baseline && !existsSync(join(baseline, "build", "Release", "dki_native.node"))) {
   console.error(`--baseline ${baseline}: no build/Release/dki_native.node there (make it with sh bench/threads-baseline.sh REF DIR)`);
   process.exit(1);
@@ -109,7 +110,9 @@ try {
   contended = await rounds("contended", [
     { label: "dki default", engine: "dki", threads: "default" },
     { label: "dki --threads 1", engine: "dki", threads: 1 },
-    { label: "llama.cpp default", engine: "llama.cpp", threads: "default" },
+    // 8 decode steps, one run: at its default it decodes ~0.2 tok/s here, and 32 steps × reps would
+    // take minutes a round (the rounds of the others, which the targets are about, would be fewer).
+    { label: LLAMA_DEFAULT, engine: "llama.cpp", threads: "default", decode: 8, reps: 1 },
     { label: "llama.cpp 1 thread", engine: "llama.cpp", threads: 1 },
   ]);
   // The pool before, once and short: it is slow enough here that a full run would take minutes.
@@ -141,8 +144,8 @@ const c = (label) => contended.get(label);
 const ratios = {
   "dki default ÷ --threads 1, prefill": ratio(c("dki default"), c("dki --threads 1"), "ppTokS"),
   "dki default ÷ --threads 1, decode": ratio(c("dki default"), c("dki --threads 1"), "tgTokS"),
-  "llama.cpp default ÷ 1 thread, prefill": ratio(c("llama.cpp default"), c("llama.cpp 1 thread"), "ppTokS"),
-  "llama.cpp default ÷ 1 thread, decode": ratio(c("llama.cpp default"), c("llama.cpp 1 thread"), "tgTokS"),
+  "llama.cpp default ÷ 1 thread, prefill": ratio(c(LLAMA_DEFAULT), c("llama.cpp 1 thread"), "ppTokS"),
+  "llama.cpp default ÷ 1 thread, decode": ratio(c(LLAMA_DEFAULT), c("llama.cpp 1 thread"), "tgTokS"),
 };
 if (quiet) {
   const [mine, theirs] = [...quiet.values()];
