@@ -212,14 +212,14 @@ void Context::plan_attended() {
       attended_.push_back(segments_[i]);
       attended_turns_.push_back(segment_turns_[i]);
     } else {
-      // concat_blocks lays the run out from the first block's own start; one remap then moves it
-      // where the first segment sits, and every later block lands where it sits too.
+      // The first block moved to where it sits; concat_blocks lays the others out right after
+      // it, which is where they sit too (the run is adjacent): each block's keys rotated once.
       std::vector<BlockPtr> run_blocks;
-      for (size_t k = i; k < j; k++) run_blocks.push_back(segments_[k].block);
-      BlockPtr merged = concat_blocks(run_blocks, model_->inv_freq(), c.rope_interleaved);
-      if (merged->start_pos != start(segments_[i])) merged = remap_positions(*merged, int(start(segments_[i])), model_->inv_freq(), c.rope_interleaved);
-      Segment m = segments_[i];
-      m.block = merged;
+      const Segment& first = segments_[i];
+      run_blocks.push_back(first.shift == 0 ? first.block : remap_positions(*first.block, int(start(first)), model_->inv_freq(), c.rope_interleaved));
+      for (size_t k = i + 1; k < j; k++) run_blocks.push_back(segments_[k].block);
+      Segment m = first;
+      m.block = concat_blocks(run_blocks, model_->inv_freq(), c.rope_interleaved);
       m.shift = 0;
       attended_.push_back(m);
       attended_turns_.emplace_back();
