@@ -34,7 +34,7 @@ for (const M of lengths) {
   const block = await model.computeBlock(memory, { startPos: -M });
   const injected = await ttft(() => model.generate({ tokens: query }, { ...once, segments: [{ kv: block, alpha: 1 }] }));
   // The same memory as a store keeps it, computed at position 0, so injected shifted (on the CPU:
-  // each query turned back by the shift; on a GPU: a remapped copy every call).
+  // each query turned back by the shift; on a GPU: the keys rotated as the block is copied in).
   const stored = await model.computeBlock(memory);
   const shifted = await ttft(() => model.generate({ tokens: query }, { ...once, segments: [{ kv: stored, alpha: 1 }] }));
   stored.dispose();

@@ -164,12 +164,8 @@ void Context::set_segments(std::vector<Segment> segments) {
   std::vector<std::vector<float>> turns(segments.size());
   for (size_t i = 0; i < segments.size(); i++) {
     Segment& s = segments[i];
-    if (s.shift == 0) continue;
-    if (cuda_) {  // the GPU kernels read keys where they sit
-      s.block = remap_positions(*s.block, s.block->start_pos + s.shift, model_->inv_freq(), c.rope_interleaved);
-      s.shift = 0;
-      continue;
-    }
+    // The GPU rotates a shifted block's keys as it copies them into its segment buffer.
+    if (s.shift == 0 || cuda_) continue;
     turns[i] = rotation_by(-int64_t(s.shift), model_->inv_freq());
   }
 #ifdef DKI_CUDA

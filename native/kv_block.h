@@ -158,7 +158,8 @@ struct Segment {
   float temperature = 1.f;
   // Where the block sits, relative to where it was computed: from start_pos + shift. The CPU
   // attention turns each query back by shift instead of rotating a copy of every key, since for a
-  // rotary embedding q·R(Δ)k = (R(−Δ)q)·k; the GPU gets a remapped copy.
+  // rotary embedding q·R(Δ)k = (R(−Δ)q)·k. The GPU rotates the keys by shift as it copies the
+  // block into its segment buffer (once per new set of blocks and shifts, not per turn).
   int shift = 0;
 };
 

@@ -125,6 +125,37 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         expect(Math.abs(a.nats - b.nats)).toBeLessThan(tol);
       }
     });
+
+    test("blocks computed at their own positions, moved by their shifts (keys rotated as the GPU copies them), from host and GPU memory, match the CPU; the same blocks at other shifts are copied again", async () => {
+      // Each memory computed alone at position 0, as DKISystem computes them: both placements
+      // shift every block, each by its own amount.
+      const blocks = await Promise.all([memory, memory.slice(3), [5, 600, 9000, 12]].map((ids) => cpu.computeBlock(ids)));
+      // The same tensors in the CUDA model's GPU memory (f32 bytes: exact).
+      const onGpu = await Promise.all(blocks.map(async (b) => KVBlock.deserialize(cuda.nativeHandle(), await b.serialize(), { onDevice: true })));
+      try {
+        for (const positions of ["negative", "prefix", "negative"] as const)
+          for (const from of [blocks, onGpu]) {
+            const inj: InjectionOptions = { segments: from.map((kv, i) => ({ kv, alpha: [1, 0.6, 1.3][i] })), positions };
+            const hostInj: InjectionOptions = { ...inj, segments: blocks.map((kv, i) => ({ kv, alpha: [1, 0.6, 1.3][i] })) };
+            expect(maxRowDiff(await cpu.logits(prompt, hostInj), await cuda.logits(prompt, inj)), `${positions}, ${from === blocks ? "host" : "GPU"} blocks`).toBeLessThan(tol);
+          }
+      } finally {
+        for (const b of onGpu) b.dispose();
+      }
+    });
+
+    // A prompt of 5..64 tokens after a long memory splits its attention columns across blocks
+    // (DKI_CUDA_SPLIT_PREFILL, on by default); the warp rows (DKI_CUDA_ATTENTION=warp) never split.
+    test.skipIf(shape === "wide")(`a short prompt after a 1000-token memory (columns split across blocks) within ${tol}, entropy probe included`, async () => {
+      const long = await cpu.computeBlock(longPrompt.slice(0, 1000), { startPos: -1000 });
+      for (const T of [5, 40, 64]) {
+        const inj: InjectionOptions = { segments: [{ kv: long, alpha: 0.8 }], positions: "negative" };
+        const p = prompt.concat(prompt).slice(0, T);
+        expect(maxRowDiff(await cpu.logits(p, inj), await cuda.logits(p, inj)), `${T} tokens`).toBeLessThan(tol);
+        const a = await cpu.attentionEntropy({ tokens: p }, 1, inj), b = await cuda.attentionEntropy({ tokens: p }, 1, inj);
+        expect(Math.abs(a.nats - b.nats)).toBeLessThan(tol);
+      }
+    });
   });
 
   describe("identities on the GPU", () => {
@@ -178,11 +209,10 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         const wide = await big.computeBlock(Array.from({ length: 4096 }, (_, i) => (i * 31 + 7) % 49152)); // 1 GiB of K and V
         const short = prompt.slice(0, 8);
         const before = await big.logits(short, { segments: [{ kv: small, alpha: 0.7 }] });
-        // Keys alone past this GPU's memory: each copy of `wide` adds 0.5 GiB. The segments sit at
-        // other positions than `wide`'s, so each becomes a remapped copy in host memory: the
-        // device memory is reserved before those copies, or they fill the host first (200 blocks
-        // of 1 GiB, when this test assumed 100 GiB beyond any GPU, killed the test process on an
-        // H200 host with 128 GiB of RAM, before any error).
+        // Keys alone past this GPU's memory: each copy of `wide` adds 0.5 GiB. The device memory
+        // is reserved before anything is copied (when the segments still became remapped copies
+        // in host memory first, 200 blocks of 1 GiB killed the test process on an H200 host with
+        // 128 GiB of RAM, before any error).
         const gib = Number(/([\d.]+) GiB/.exec(native().cuda().names[0]!)![1]);
         const huge = [{ kv: small, alpha: 0.7 }, ...Array.from({ length: Math.ceil(gib / 0.5) + 1 }, () => ({ kv: wide, alpha: 1 }))];
         await expect(big.logits(short, { segments: huge })).rejects.toThrow(/out of memory/i);
@@ -355,6 +385,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       }
     });
 
+    test("a bad DKI_CUDA_SPLIT_PREFILL is an error naming it when a context is made", () => {
+      process.env.DKI_CUDA_SPLIT_PREFILL = "yes";
+      try {
+        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_SPLIT_PREFILL must be "on" or "off", not "yes"/);
+      } finally {
+        delete process.env.DKI_CUDA_SPLIT_PREFILL;
+      }
+    });
+
     test("a bad DKI_CUDA_STAGING_CHUNK is an error naming it", () => {
       expect(stagedRestore("40").error).toMatch(/DKI_CUDA_STAGING_CHUNK must be a multiple of 16 bytes from 16 to 1 GiB, not "40"/);
     });
@@ -428,7 +467,7 @@ describe.skipIf(!gpu)("CUDA backend", () => {
         const b = await m.logits(prompt, { segments: [{ kv: dev, ...o }], positions: "negative" });
         expect(maxRowDiff(a, b)).toBe(0);
       }
-      // Injection at prefix positions remaps the device block on the device.
+      // Injection at prefix positions rotates the device block's keys as they are copied.
       const p = await m.logits(prompt, { segments: [{ kv: dev }], positions: "prefix" });
       const full = (await m.logits([...memory, ...prompt])).slice(memory.length);
       expect(maxRowDiff(full, p)).toBeLessThan(1e-3);

@@ -175,7 +175,7 @@ describe("arguments", () => {
       const block = ctx.exportBlock(0, 4096);
       const many = Array.from({ length: 4097 }, () => ({ block, alpha: 1, logit: false }));
       expect(() => ctx.setSegments(many)).toThrow(/segments hold 16781312 tokens together; at most 16777216 can be injected/);
-      // The same limit before any block is prepared (Model checks it ahead of the remapped copies).
+      // The same limit before anything is copied (Model checks it before setSegments).
       expect(() => ctx.reserveSegments(16781312)).toThrow(/segments hold 16781312 tokens together; at most 16777216 can be injected/);
       expect(() => ctx.reserveSegments(-1)).toThrow(/tokens must be an integer from 0 to 2147483647/);
       ctx.reserveSegments(16777216); // the limit itself: nothing to allocate on the CPU

@@ -12,6 +12,11 @@ src="${GPU_HOST_FILES:-../shared/gpu-host}"
 npx tsc -p tsconfig.json
 mkdir -p .gpu-host
 cp "$src"/setup.sh "$src"/node-v20-linux-x64.xz "$src"/node-v20-include.tar.xz .gpu-host/
-tar -cJf .gpu-host/node_modules.tar.xz --exclude='node_modules/node-llama-cpp' --exclude='node_modules/@node-llama-cpp' \
-  --exclude='node_modules/typescript' --exclude='node_modules/.cache' node_modules
+# Left out to fit (the checkout and these travel in 64 MiB): llama.cpp (bench comparisons only),
+# TypeScript (dist/ comes along compiled), and what only the memory, RAG and chart layers load
+# (the ONNX embedder, the PDF reader and its canvas, LMDB, jieba, hnswlib, cheerio, vega): the GPU
+# tests and benchmarks import the engine, the K/V blocks and the cache alone.
+exclude=(node-llama-cpp @node-llama-cpp typescript onnxruntime-node pdfjs-dist @napi-rs lmdb @lmdb @node-rs hnswlib-node
+  cheerio 'vega*' 'd3-*' @resvg .cache)
+tar -cJf .gpu-host/node_modules.tar.xz "${exclude[@]/#/--exclude=node_modules/}" node_modules
 du -sh .gpu-host dist

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU recipe (issues #9 and #6): on a CUDA host, builds the CUDA addon, runs the GPU tests,
+# The GPU recipe (issues #9, #6 and #41): on a CUDA host, builds the CUDA addon, runs the GPU tests,
 # the GPU benchmark and the tiered cache's benchmark with L1 in GPU memory. Run from anywhere inside the checkout:
 #
 #   bench/gpu/run.sh [--quick] [--only build|tests|bench|cache|ncu]...
@@ -67,7 +67,10 @@ timed() { local t0=$SECONDS rc=0; "$@" || rc=$?; echo "[run.sh] $* took $((SECON
 echo "[run.sh] build took $SECONDS s"
 tests=0
 if step tests; then timed node_modules/.bin/vitest run test/cuda.test.ts test/device.test.ts test/hf-transformers.test.ts || tests=$?; fi
-if step bench; then timed node bench/gpu.js ${quick[@]+"${quick[@]}"}; fi
+if step bench; then
+  timed node bench/gpu.js ${quick[@]+"${quick[@]}"}
+  timed node bench/gpu-dki-turn.js ${quick[@]+"${quick[@]}"}
+fi
 if step cache; then timed node bench/cache.js --device cuda ${quick[@]+"${quick[@]}"}; fi
 if step ncu; then
   model="${NCU_MODEL:-llama-1b}"

@@ -56,18 +56,20 @@ struct CudaForward::Impl {
   PinnedBuffer step_host;
   // Scratch for one chunk of up to kMaxCudaChunk tokens (fewer if the context is shorter).
   DeviceBuffer x, xn, q, k, v, attn, gate, up, logits, probe;
-  DeviceBuffer attn_partial;  // split-K attention state of decode steps
+  DeviceBuffer attn_partial;  // split-K attention state of decode steps and short prefills
   DeviceBuffer attn_done;     // and the count of each row's splits that have finished (int, zeroed)
   DeviceBuffer x_half;   // a GEMM's input in the weight's half type
   DeviceBuffer scalars;  // GemmScalars: alpha and beta of every GEMM
   DeviceBuffer w_f16;    // a Q8_0 weight dequantised for a GEMM
   // Injected segments, concatenated: [layer][kv_head][S_seg][hd], per-column bias and value scale.
   DeviceBuffer seg_k, seg_v, seg_bias, seg_vscale;
+  DeviceBuffer seg_table, seg_turns;  // where each block goes and its keys' rotation, while they are placed
   int S_seg = 0;
-  // The blocks whose K/V seg_k/seg_v hold now, in order. Held so that their addresses cannot be
-  // reused by other blocks: the same blocks set again (a user's memory on every turn) are not
-  // uploaded again.
-  std::vector<std::shared_ptr<const KVBlock>> uploaded;
+  // The blocks whose K/V seg_k/seg_v hold now, in order, with the shift their keys were rotated
+  // by. Held so that their addresses cannot be reused by other blocks: the same blocks set again
+  // at the same places (a user's memory on every turn) are not copied again.
+  std::vector<std::pair<std::shared_ptr<const KVBlock>, int>> uploaded;
+  std::vector<float> uploaded_bias, uploaded_vscale;  // what seg_bias and seg_vscale hold
   // Segments set since the last chunk, uploaded when the next chunk runs: on the worker thread
   // that runs it, not on the JS thread that sets them.
   std::vector<Segment> pending;
@@ -83,6 +85,9 @@ struct CudaForward::Impl {
   // Prefill attention through the register-tiled kernel (the default: 2.5-6x the warp kernel on
   // an H200); DKI_CUDA_ATTENTION=warp at creation keeps the kernel that sums a dot per warp.
   bool tiled_attention = true;
+  // A short prefill after a long injected memory splits its columns across blocks (the default);
+  // DKI_CUDA_SPLIT_PREFILL=off at creation keeps one block per head (for comparison).
+  bool split_prefill = true;
   cudaGraphExec_t graph = nullptr;
   using GraphKey = std::tuple<int, int, int, const void*, const void*, int, const void*>;
   GraphKey graph_key{};
@@ -125,7 +130,10 @@ struct CudaForward::Impl {
 
   // Enqueues the whole forward pass of a T-token chunk whose inputs are in `step`: no host
   // memory is touched, so the same calls can be captured into a graph.
-  void record(int T, int rows, int probe_layer, bool probe);
+  // `columns`: the columns the chunk's last query attends to, which sets a short prefill's splits.
+  void record(int T, int rows, int probe_layer, bool probe, int columns);
+  // Column splits of a prefill chunk of T tokens whose last query sees `columns` columns.
+  int prefill_splits(int T, int columns) const;
   // record() captured as an instantiated graph, or null if that failed.
   cudaGraphExec_t capture(int T, int rows, int probe_layer, bool probe);
 
@@ -254,8 +262,10 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   // Every device buffer below, summed before the first is allocated: a window that cannot fit is
   // refused with both numbers instead of failing halfway through the list. The GPU cache is
   // allocated whole (the graphs captured for decode hold its address), so it must fit now.
-  const size_t need = 2 * cache + s.step_layout(int(T)).bytes + size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f +
-                      size_t(kGemvMaxTokens) * c.n_heads * sizeof(int) + T * (2 * D + 2 * qd + 2 * kvd + 2 * F) * f + size_t(c.n_heads) * f +
+  // Split attention's partial states and counts: a decode step's rows or a short prefill's.
+  const size_t split_rows = size_t(std::max(kGemvMaxTokens, kSplitMaxTokens)) * c.n_heads;
+  const size_t partial_bytes = split_rows * kDecodeSplits * (c.head_dim + 3) * f, done_bytes = split_rows * sizeof(int);
+  const size_t need = 2 * cache + s.step_layout(int(T)).bytes + partial_bytes + done_bytes + T * (2 * D + 2 * qd + 2 * kvd + 2 * F) * f + size_t(c.n_heads) * f +
                       2 * T * std::max({D, F, qd}) * 2 + s.w->max_q8_elements * 2;
   size_t free_b = 0, total_b = 0;
   DKI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -268,13 +278,15 @@ CudaForward::CudaForward(std::shared_ptr<const CudaWeights> weights, const Model
   const Impl::StepLayout step = s.step_layout(int(T));
   s.step.allocate(step.bytes, "a chunk's inputs");
   s.step_host.allocate(step.bytes, "a chunk's inputs");
-  s.attn_partial.allocate(size_t(kGemvMaxTokens) * c.n_heads * kDecodeSplits * (c.head_dim + 3) * f, "split attention state");
-  s.attn_done.allocate(size_t(kGemvMaxTokens) * c.n_heads * sizeof(int), "split attention counts");
+  s.attn_partial.allocate(partial_bytes, "split attention state");
+  s.attn_done.allocate(done_bytes, "split attention counts");
   DKI_CUDA_CHECK(cudaMemsetAsync(s.attn_done.get(), 0, s.attn_done.bytes(), s.stream));
   const char* graphs = std::getenv("DKI_CUDA_GRAPHS");
   s.use_graphs = !(graphs && std::strcmp(graphs, "0") == 0);
   const char* attention = env_choice("DKI_CUDA_ATTENTION", {"warp", "tiled"}, "\"warp\" or \"tiled\"");
   s.tiled_attention = !(attention && std::strcmp(attention, "warp") == 0);
+  const char* split = env_choice("DKI_CUDA_SPLIT_PREFILL", {"on", "off"}, "\"on\" or \"off\"");
+  s.split_prefill = !(split && std::strcmp(split, "off") == 0);
   const char* profile = std::getenv("DKI_CUDA_PROFILE");
   s.prof.sums.on = profile && std::strcmp(profile, "1") == 0;
   // Every event a step records (the opening one, the embedding, five stages a layer, the head),
@@ -317,50 +329,80 @@ void CudaForward::Impl::upload_segments() {
   bool same = segments.size() == uploaded.size();
   for (size_t i = 0; i < segments.size(); i++) {
     S += segments[i].block->n_tokens;
-    same = same && segments[i].block == uploaded[i];
+    same = same && segments[i].block == uploaded[i].first && segments[i].shift == uploaded[i].second;
   }
   S_seg = S;
   if (S == 0) {
     segments_changed = false;
     return;
   }
-  const size_t hd = c.head_dim, heads = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
+  const size_t hd = c.head_dim, rows = size_t(c.n_layers) * c.n_kv_heads, f = sizeof(float);
   if (fit_segments(S)) same = false;
+  bool enqueued = false;
   if (!same) {
     uploaded.clear();  // a failed upload must not leave a stale "same" behind
     // Host blocks go up through the GPU's staging lane, on a stream of its own: nothing on this
     // context's stream may still read the segments they overwrite.
     DKI_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // Each block's rows land at token column `off` of the buffers' rows of S tokens, its keys
+    // rotated from where it was computed to where it sits (q·R(Δ)k needs R(Δ)k): blocks on this
+    // GPU (set_segments checked) in one kernel with the rotation, host blocks first copied into
+    // place through pinned chunks and rotated there by the same kernel.
+    std::vector<SegmentPlacement> table;
+    std::vector<float> turns;
+    int off = 0, longest = 0;
+    for (const Segment& seg : segments) {
+      const KVBlock& b = *seg.block;
+      SegmentPlacement p;
+      p.n_tokens = b.n_tokens, p.off = off;
+      if (seg.shift != 0) {
+        p.turn = int(turns.size() / hd);
+        const std::vector<float> cs = rotation_by(seg.shift, inv_freq);
+        turns.insert(turns.end(), cs.begin(), cs.end());
+      }
+      if (b.device) {
+        p.k = b.device->k.get<float>(), p.v = b.device->v.get<float>(), p.pitch = size_t(b.n_tokens) * hd;
+      } else {
+        float *to_k = seg_k.get<float>() + off * hd, *to_v = seg_v.get<float>() + off * hd;
+        upload_rows(w->device, b.k.data(), size_t(b.n_tokens) * hd * f, rows, to_k, S * hd * f);
+        upload_rows(w->device, b.v.data(), size_t(b.n_tokens) * hd * f, rows, to_v, S * hd * f);
+        p.k = to_k, p.v = to_v, p.pitch = S * hd;
+      }
+      off += b.n_tokens;
+      if (p.turn < 0 && !b.device) continue;  // in place already
+      table.push_back(p);
+      longest = std::max(longest, b.n_tokens);
+    }
+    if (!table.empty()) {
+      const size_t table_bytes = table.size() * sizeof(SegmentPlacement), turn_bytes = std::max<size_t>(turns.size(), 1) * f;
+      if (seg_table.bytes() < table_bytes) seg_table.allocate(table_bytes, "segment placements");
+      if (seg_turns.bytes() < turn_bytes) seg_turns.allocate(turn_bytes, "segment rotations");
+      DKI_CUDA_CHECK(cudaMemcpyAsync(seg_table.get(), table.data(), table_bytes, cudaMemcpyHostToDevice, stream));
+      if (!turns.empty()) DKI_CUDA_CHECK(cudaMemcpyAsync(seg_turns.get(), turns.data(), turns.size() * f, cudaMemcpyHostToDevice, stream));
+      launch_place_segments(seg_table.get<SegmentPlacement>(), int(table.size()), longest, rows, S, int(hd), seg_turns.get<float>(), c.rope_interleaved,
+                            seg_k.get<float>(), seg_v.get<float>(), stream);
+      enqueued = true;
+    }
   }
+  // The per-column score bias and value scale, sent again only when they changed (another α).
   std::vector<float> bias(S), vscale(S);
   int off = 0;
-  for (const auto& seg : segments) {
-    const KVBlock& b = *seg.block;
-    if (!same) {
-      // Rows (layer, kv_head) of n_tokens·hd floats land at column `off` of rows of S·hd floats,
-      // from host memory (pinned chunks) or, for a block already on this GPU, device to device.
-      const size_t width = size_t(b.n_tokens) * hd * f, pitch = S * hd * f;
-      float *to_k = seg_k.get<float>() + off * hd, *to_v = seg_v.get<float>() + off * hd;
-      if (!b.device) {
-        upload_rows(w->device, b.k.data(), width, heads, to_k, pitch);
-        upload_rows(w->device, b.v.data(), width, heads, to_v, pitch);
-      } else {  // on this GPU: set_segments checked
-        const float *k = b.device->k.get<float>(), *v = b.device->v.get<float>();
-        DKI_CUDA_CHECK(cudaMemcpy2DAsync(to_k, pitch, k, width, width, heads, cudaMemcpyDeviceToDevice, stream));
-        DKI_CUDA_CHECK(cudaMemcpy2DAsync(to_v, pitch, v, width, width, heads, cudaMemcpyDeviceToDevice, stream));
-      }
-    }
-    for (int i = 0; i < b.n_tokens; i++) {
-      bias[off + i] = seg.logit_scaling ? std::log(seg.alpha) : 0.f;
-      vscale[off + i] = seg.logit_scaling ? 1.f : seg.alpha;
-    }
-    off += b.n_tokens;
+  for (const Segment& seg : segments) {
+    std::fill_n(bias.begin() + off, seg.block->n_tokens, seg.logit_scaling ? std::log(seg.alpha) : 0.f);
+    std::fill_n(vscale.begin() + off, seg.block->n_tokens, seg.logit_scaling ? 1.f : seg.alpha);
+    off += seg.block->n_tokens;
   }
-  DKI_CUDA_CHECK(cudaMemcpyAsync(seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, stream));
-  DKI_CUDA_CHECK(cudaMemcpyAsync(seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, stream));
-  DKI_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors above die with this call
+  if (!same || bias != uploaded_bias || vscale != uploaded_vscale) {
+    uploaded_bias.clear();  // as `uploaded`: nothing stale is left if a copy below fails
+    DKI_CUDA_CHECK(cudaMemcpyAsync(seg_bias.get(), bias.data(), S * f, cudaMemcpyHostToDevice, stream));
+    DKI_CUDA_CHECK(cudaMemcpyAsync(seg_vscale.get(), vscale.data(), S * f, cudaMemcpyHostToDevice, stream));
+    enqueued = true;
+  }
+  if (enqueued) DKI_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors above die with this call
+  uploaded_bias = std::move(bias);
+  uploaded_vscale = std::move(vscale);
   uploaded.clear();
-  for (const auto& seg : segments) uploaded.push_back(seg.block);
+  for (const auto& seg : segments) uploaded.emplace_back(seg.block, seg.shift);
   segments_changed = false;
 }
 
@@ -386,7 +428,16 @@ void CudaForward::reserve_segments(int64_t tokens) {
   s.fit_segments(size_t(tokens));
 }
 
-void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe) {
+// A prompt of up to a tile of queries after S columns has H blocks of attention without a
+// split, each walking S / 64 column tiles in turn: an H100 has 132 SMs, a 1B model 32 heads.
+// Splits of at least kSplitColumns columns keep each block's walk worth its merge.
+int CudaForward::Impl::prefill_splits(int T, int columns) const {
+  constexpr int kSplitColumns = 128;
+  if (!split_prefill || !tiled_attention || T <= kGemvMaxTokens || T > kSplitMaxTokens) return 1;
+  return std::clamp(columns / kSplitColumns, 1, kDecodeSplits);
+}
+
+void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe, int columns) {
   const ModelConfig& c = cfg;
   const CudaWeights& W = *w;
   const int D = c.hidden_size, hd = c.head_dim;
@@ -414,7 +465,8 @@ void CudaForward::Impl::record(int T, int rows, int probe_layer, bool want_probe
   a.n_past = n_past;
   a.T = T, a.H = c.n_heads, a.Hkv = c.n_kv_heads, a.hd = hd;
   a.scale = 1.f / std::sqrt(float(hd));
-  if (T <= kGemvMaxTokens) a.splits = kDecodeSplits, a.partial = attn_partial.get<float>(), a.done = attn_done.get<int>();
+  a.splits = T <= kGemvMaxTokens ? kDecodeSplits : prefill_splits(T, columns);
+  if (a.splits > 1) a.partial = attn_partial.get<float>(), a.done = attn_done.get<int>();
   a.tiled = tiled_attention;
 
   for (int l = 0; l < c.n_layers; l++) {
@@ -506,7 +558,7 @@ cudaGraphExec_t CudaForward::Impl::capture(int T, int rows, int probe_layer, boo
   bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
   if (ok) {
     try {
-      record(T, rows, probe_layer, want_probe);
+      record(T, rows, probe_layer, want_probe, /*columns: decode splits regardless*/ 0);
     } catch (...) {  // any exception: a stream left capturing would fail every later call on it
       ok = false;
     }
@@ -549,8 +601,9 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
   if (rows > 0 && s.logits.bytes() < rows * V * sizeof(float)) s.logits.allocate(rows * V * sizeof(float), "logits");
   const bool want_probe = probe && probe_layer >= 0;
 
+  const int columns = s.S_seg + n_past + T;
   if (T > kGemvMaxTokens || !s.use_graphs) {
-    s.record(T, rows, probe_layer, want_probe);
+    s.record(T, rows, probe_layer, want_probe, columns);
   } else {
     const Impl::GraphKey key{T, rows, s.S_seg, s.seg_k.get(), s.seg_bias.get(), want_probe ? probe_layer : -1, s.logits.get()};
     if (!s.graph || key != s.graph_key) {
@@ -559,7 +612,7 @@ void CudaForward::eval_chunk(const int32_t* tokens, int T, int n_past, int pos0,
       s.graph_key = key;
     }
     if (s.graph) DKI_CUDA_CHECK(cudaGraphLaunch(s.graph, st));
-    else s.record(T, rows, probe_layer, want_probe);  // the capture failed
+    else s.record(T, rows, probe_layer, want_probe, columns);  // the capture failed
   }
 
   if (rows > 0) DKI_CUDA_CHECK(cudaMemcpyAsync(logits, s.logits.get(), rows * V * sizeof(float), cudaMemcpyDeviceToHost, st));

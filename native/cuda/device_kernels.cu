@@ -106,6 +106,31 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int hd, const float* c
   RotaryPair(p, half, interleaved).rotate(v, v, cos[size_t(t) * half + p], sin[size_t(t) * half + p]);
 }
 
+// Block column y takes blocks y, y + gridDim.y, ... of the table; its threads walk the rotary
+// pairs of every (row, token) of the block.
+__global__ void place_segments_kernel(const SegmentPlacement* table, int n, size_t rows, int S, int hd, const float* turns, bool interleaved,
+                                      float* seg_k, float* seg_v) {
+  const int half = hd / 2;
+  for (int b = blockIdx.y; b < n; b += gridDim.y) {
+    const SegmentPlacement c = table[b];
+    const size_t pairs = rows * c.n_tokens * half;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += size_t(gridDim.x) * blockDim.x) {
+      const int p = int(i % half);
+      const size_t rt = i / half, r = rt / c.n_tokens, t = rt % c.n_tokens;
+      const float *k = c.k + r * c.pitch + t * hd, *v = c.v + r * c.pitch + t * hd;
+      float *to_k = seg_k + (r * S + c.off + t) * hd, *to_v = seg_v + (r * S + c.off + t) * hd;
+      const RotaryPair pair(p, half, interleaved);
+      if (c.turn >= 0) {
+        pair.rotate(k, to_k, turns[size_t(c.turn) * hd + p], turns[size_t(c.turn) * hd + half + p]);
+      } else {
+        to_k[pair.a] = k[pair.a];
+        to_k[pair.b] = k[pair.b];
+      }
+      if (v != to_v) to_v[pair.a] = v[pair.a], to_v[pair.b] = v[pair.b];
+    }
+  }
+}
+
 // Rotates the chunk's queries [T, H, hd] in place and its keys [T, Hkv, hd] into this layer's cache
 // at rows n_past + t, with the values beside them: one thread per rotary pair of a q or k head.
 __global__ void rope_store_kernel(RopeStoreArgs a) {
@@ -568,6 +593,90 @@ __global__ void attention_prefill_kernel(AttentionArgs a) {
   }
 }
 
+// Merges the splits' partial states of row (t, h) into its output row, as the warps of one block
+// are merged in attention_split_kernel: run by the row's block that finishes last. The states
+// were written by other blocks: read through L2 (__ldcg), not a stale L1.
+__device__ void combine_splits(const AttentionArgs& a, int t, int h) {
+  const int hd = a.hd;
+  const size_t row = size_t(t) * a.H + h;
+  const float* recs = a.partial + row * a.splits * (hd + 3);
+  // Each split's weight e^{M_z − M} (0 for an empty split) once, so the loop over the splits
+  // below is independent loads rather than a chain of branches on loaded values.
+  __shared__ float weight[kDecodeSplits];
+  __shared__ float sum_l, sum_es, max_m;
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int z = 0; z < a.splits; z++) M = fmaxf(M, __ldcg(recs + z * (hd + 3)));
+    float L = 0.f, ES = 0.f;
+    for (int z = 0; z < a.splits; z++) {
+      const float* r = recs + z * (hd + 3);
+      const float m = __ldcg(r);
+      weight[z] = m == -INFINITY ? 0.f : expf(m - M);
+      L += __ldcg(r + 1) * weight[z];
+      ES += __ldcg(r + 2) * weight[z];
+    }
+    sum_l = L, sum_es = ES, max_m = M;
+  }
+  __syncthreads();
+  float* op = a.out + row * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int z = 0; z < a.splits; z++) o += __ldcg(recs + z * (hd + 3) + 3 + d) * weight[z];
+    op[d] = o / sum_l;
+  }
+  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(max_m, sum_l, sum_es);
+}
+
+// combine_splits for one row by one warp, so a block merges 8 rows at once: lanes take a split
+// each for the weights (a.splits ≤ 32), then the row's dimensions.
+__device__ void combine_splits_warp(const AttentionArgs& a, int t, int h, int lane) {
+  const int hd = a.hd;
+  const size_t row = size_t(t) * a.H + h;
+  const float* recs = a.partial + row * a.splits * (hd + 3);
+  const float* mine = recs + lane * (hd + 3);
+  const bool split = lane < a.splits;
+  const float m = split ? __ldcg(mine) : -INFINITY;
+  const float M = warp_max(m);
+  const float weight = m == -INFINITY ? 0.f : expf(m - M);  // 0 for an empty split and past a.splits
+  const float L = warp_sum(split ? __ldcg(mine + 1) * weight : 0.f);
+  const float ES = warp_sum(split ? __ldcg(mine + 2) * weight : 0.f);
+  // Every lane takes each split's weight from its lane (the whole warp shuffles: with hd < 32
+  // some lanes hold no dimension), then sums its dimensions.
+  float o[kPerLane] = {};
+  for (int z = 0; z < a.splits; z++) {
+    const float wz = __shfl_sync(0xffffffffu, weight, z);
+#pragma unroll
+    for (int i = 0; i < kPerLane; i++) {
+      const int d = lane + 32 * i;
+      if (d < hd) o[i] += __ldcg(recs + z * (hd + 3) + 3 + d) * wz;
+    }
+  }
+  float* op = a.out + row * hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) {
+    const int d = lane + 32 * i;
+    if (d < hd) op[d] = o[i] / L;
+  }
+  if (a.entropy && t == a.T - 1 && lane == 0) a.entropy[h] = entropy_of(M, L, ES);
+}
+
+// True in the block that counts last of the a.splits blocks sharing counter a.done[i]: it merges
+// their states, with no second launch. Each thread makes its writes visible device-wide before
+// the block counts itself; the count goes back to zero for the next launch once every split has
+// counted.
+__device__ bool finished_last(const AttentionArgs& a, size_t i) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(a.done + i, 1) == a.splits - 1;
+    if (last) a.done[i] = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 // --- Register-tiled prefill attention (the default; DKI_CUDA_ATTENTION=warp turns it off) ---
 //
 // The kernel above does one dot product per (query, column) across a warp and a shuffle tree to
@@ -581,6 +690,8 @@ __global__ void attention_prefill_kernel(AttentionArgs a) {
 
 constexpr int kTileQ = 64, kTileC = 64, kTileThreads = 256, kTileMaxHeadDim = 128;
 constexpr int kTileDimGroups = kTileMaxHeadDim / 64;  // float4 output groups per thread and query
+static_assert(kSplitMaxTokens <= kTileQ, "a split prefill is one tile of queries: its counters are one per head");
+static_assert(kDecodeSplits <= 32, "combine_splits_warp gives each split a lane");
 
 // Shared memory: Qᵀ [hd][kTileQ], Kᵀ [hd][kTileC], V [kTileC][hd], P [kTileQ][kTileC], and the
 // tile's column biases and value scales.
@@ -627,9 +738,16 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
       for (int j = 0; j < 4; j++) acc[i][g][j] = 0.f;
   }
 
-  const int S = base + t_last + 1;  // the columns the tile's last query sees
-  for (int c0 = 0; c0 < S; c0 += kTileC) {
-    const int n = min(kTileC, S - c0);
+  // The columns the tile's last query sees, [0, S); split z of a.splits takes a range of whole
+  // column tiles, [c_begin, c_end) (empty for the last splits of a short row).
+  const int S = base + t_last + 1;
+  // A warp holds queries 8w .. 8w + 7 of the tile: past the chunk's end (a short prompt's tile
+  // is mostly empty) it only helps load the tiles.
+  const bool idle = t0 + (tid / 32) * 8 >= a.T;
+  const int per = ((S + kTileC - 1) / kTileC + a.splits - 1) / a.splits * kTileC;
+  const int c_begin = blockIdx.z * per, c_end = min(S, c_begin + per);
+  for (int c0 = c_begin; c0 < c_end; c0 += kTileC) {
+    const int n = min(kTileC, c_end - c0);
     __syncthreads();  // Q is stored; the previous tile has been read by every thread
     for (int e = tid; e < kTileC * hd4; e += kTileThreads) {
       const int j = e % kTileC, d = (e / kTileC) * 4;
@@ -647,121 +765,112 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(Attention
     }
     __syncthreads();
 
-    float sc[4][4] = {};
-    for (int d = 0; d < hd; d++) {
-      const float4 q4 = *reinterpret_cast<const float4*>(sQt + d * kTileQ + ty * 4);
-      const float4 k4 = *reinterpret_cast<const float4*>(sKt + d * kTileC + tx * 4);
-      const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, kv[4] = {k4.x, k4.y, k4.z, k4.w};
+    if (!idle) {
+      float sc[4][4] = {};
+      for (int d = 0; d < hd; d++) {
+        const float4 q4 = *reinterpret_cast<const float4*>(sQt + d * kTileQ + ty * 4);
+        const float4 k4 = *reinterpret_cast<const float4*>(sKt + d * kTileC + tx * 4);
+        const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
-      for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) sc[i][j] += qv[i] * kv[j];
-    }
+          for (int j = 0; j < 4; j++) sc[i][j] += qv[i] * kv[j];
+      }
 
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int t = t0 + ty * 4 + i;
-      float tile_max = -INFINITY;
+      for (int i = 0; i < 4; i++) {
+        const int t = t0 + ty * 4 + i;
+        float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int jj = tx * 4 + j;
-        const bool seen = t < a.T && jj < n && c0 + jj <= base + t;  // causal; past the tile's end
-        sc[i][j] = seen ? sc[i][j] * a.scale + s_bias[jj] : -INFINITY;
-        tile_max = fmaxf(tile_max, sc[i][j]);
+        for (int j = 0; j < 4; j++) {
+          const int jj = tx * 4 + j;
+          const bool seen = t < a.T && jj < n && c0 + jj <= base + t;  // causal; past the tile's end
+          sc[i][j] = seen ? sc[i][j] * a.scale + s_bias[jj] : -INFINITY;
+          tile_max = fmaxf(tile_max, sc[i][j]);
+        }
+        const float m_new = fmaxf(m[i], warp_max<16>(tile_max));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no column yet stays empty
+        const float corr = expf(m[i] - m_use);                 // 0 on the row's first column
+        float p[4], p_sum = 0.f, ps_sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          p[j] = expf(sc[i][j] - m_use);  // 0 for unseen columns
+          p_sum += p[j];
+          ps_sum += p[j] > 0.f ? p[j] * sc[i][j] : 0.f;
+        }
+        const float4 vs = *reinterpret_cast<const float4*>(s_vscale + tx * 4);
+        *reinterpret_cast<float4*>(sP + (ty * 4 + i) * kTileC + tx * 4) = make_float4(p[0] * vs.x, p[1] * vs.y, p[2] * vs.z, p[3] * vs.w);
+        l[i] = l[i] * corr + warp_sum<16>(p_sum);
+        es[i] = es[i] * corr + warp_sum<16>(ps_sum);
+        m[i] = m_new;
+#pragma unroll
+        for (int g = 0; g < kTileDimGroups; g++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[i][g][j] *= corr;
       }
-      const float m_new = fmaxf(m[i], warp_max<16>(tile_max));
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no column yet stays empty
-      const float corr = expf(m[i] - m_use);                 // 0 on the row's first column
-      float p[4], p_sum = 0.f, ps_sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        p[j] = expf(sc[i][j] - m_use);  // 0 for unseen columns
-        p_sum += p[j];
-        ps_sum += p[j] > 0.f ? p[j] * sc[i][j] : 0.f;
-      }
-      const float4 vs = *reinterpret_cast<const float4*>(s_vscale + tx * 4);
-      *reinterpret_cast<float4*>(sP + (ty * 4 + i) * kTileC + tx * 4) = make_float4(p[0] * vs.x, p[1] * vs.y, p[2] * vs.z, p[3] * vs.w);
-      l[i] = l[i] * corr + warp_sum<16>(p_sum);
-      es[i] = es[i] * corr + warp_sum<16>(ps_sum);
-      m[i] = m_new;
-#pragma unroll
-      for (int g = 0; g < kTileDimGroups; g++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][g][j] *= corr;
     }
     __syncthreads();  // P is complete
 
-    for (int c = 0; c < n; c += 4) {  // P is 0 and V zero-filled past n
-      float pr[4][4];
+    if (!idle) {
+      for (int c = 0; c < n; c += 4) {  // P is 0 and V zero-filled past n
+        float pr[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float4 p4 = *reinterpret_cast<const float4*>(sP + (ty * 4 + i) * kTileC + c);
-        pr[i][0] = p4.x, pr[i][1] = p4.y, pr[i][2] = p4.z, pr[i][3] = p4.w;
-      }
-#pragma unroll
-      for (int cc = 0; cc < 4; cc++)
-#pragma unroll
-        for (int g = 0; g < kTileDimGroups; g++) {
-          const int d = tx * 4 + 64 * g;
-          if (d >= hd) continue;
-          const float4 v4 = *reinterpret_cast<const float4*>(sV + (c + cc) * hd + d);
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            acc[i][g][0] += pr[i][cc] * v4.x;
-            acc[i][g][1] += pr[i][cc] * v4.y;
-            acc[i][g][2] += pr[i][cc] * v4.z;
-            acc[i][g][3] += pr[i][cc] * v4.w;
-          }
+        for (int i = 0; i < 4; i++) {
+          const float4 p4 = *reinterpret_cast<const float4*>(sP + (ty * 4 + i) * kTileC + c);
+          pr[i][0] = p4.x, pr[i][1] = p4.y, pr[i][2] = p4.z, pr[i][3] = p4.w;
         }
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+          for (int g = 0; g < kTileDimGroups; g++) {
+            const int d = tx * 4 + 64 * g;
+            if (d >= hd) continue;
+            const float4 v4 = *reinterpret_cast<const float4*>(sV + (c + cc) * hd + d);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              acc[i][g][0] += pr[i][cc] * v4.x;
+              acc[i][g][1] += pr[i][cc] * v4.y;
+              acc[i][g][2] += pr[i][cc] * v4.z;
+              acc[i][g][3] += pr[i][cc] * v4.w;
+            }
+          }
+      }
     }
   }
 
+  if (a.splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int t = t0 + ty * 4 + i;
+      if (t >= a.T) continue;
+      float* op = a.out + (size_t(t) * a.H + h) * hd;
+#pragma unroll
+      for (int g = 0; g < kTileDimGroups; g++) {
+        const int d = tx * 4 + 64 * g;
+        if (d < hd) *reinterpret_cast<float4*>(op + d) = make_float4(acc[i][g][0] / l[i], acc[i][g][1] / l[i], acc[i][g][2] / l[i], acc[i][g][3] / l[i]);
+      }
+      if (a.entropy && t == a.T - 1 && tx == 0) a.entropy[h] = entropy_of(m[i], l[i], es[i]);
+    }
+    return;
+  }
+  // Split: each query's partial state (M, L, ES, Σ e^{s−M}·α·v) in the record combine_splits
+  // reads; the tile's last block to finish merges every row of the tile.
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     const int t = t0 + ty * 4 + i;
     if (t >= a.T) continue;
-    float* op = a.out + (size_t(t) * a.H + h) * hd;
+    float* rec = a.partial + ((size_t(t) * a.H + h) * a.splits + blockIdx.z) * (hd + 3);
+    if (tx == 0) rec[0] = m[i], rec[1] = l[i], rec[2] = es[i];
 #pragma unroll
     for (int g = 0; g < kTileDimGroups; g++) {
       const int d = tx * 4 + 64 * g;
-      if (d < hd) *reinterpret_cast<float4*>(op + d) = make_float4(acc[i][g][0] / l[i], acc[i][g][1] / l[i], acc[i][g][2] / l[i], acc[i][g][3] / l[i]);
+      if (d < hd)
+#pragma unroll
+        for (int j = 0; j < 4; j++) rec[3 + d + j] = acc[i][g][j];
     }
-    if (a.entropy && t == a.T - 1 && tx == 0) a.entropy[h] = entropy_of(m[i], l[i], es[i]);
   }
-}
-
-// Merges the splits' partial states of row (t, h) into its output row, as the warps of one block
-// are merged in attention_split_kernel: run by the row's block that finishes last. The states
-// were written by other blocks: read through L2 (__ldcg), not a stale L1.
-__device__ void combine_splits(const AttentionArgs& a, int t, int h) {
-  const int hd = a.hd;
-  const size_t row = size_t(t) * a.H + h;
-  const float* recs = a.partial + row * a.splits * (hd + 3);
-  // Each split's weight e^{M_z − M} (0 for an empty split) once, so the loop over the splits
-  // below is independent loads rather than a chain of branches on loaded values.
-  __shared__ float weight[kDecodeSplits];
-  __shared__ float sum_l, sum_es, max_m;
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int z = 0; z < a.splits; z++) M = fmaxf(M, __ldcg(recs + z * (hd + 3)));
-    float L = 0.f, ES = 0.f;
-    for (int z = 0; z < a.splits; z++) {
-      const float* r = recs + z * (hd + 3);
-      const float m = __ldcg(r);
-      weight[z] = m == -INFINITY ? 0.f : expf(m - M);
-      L += __ldcg(r + 1) * weight[z];
-      ES += __ldcg(r + 2) * weight[z];
-    }
-    sum_l = L, sum_es = ES, max_m = M;
-  }
-  __syncthreads();
-  float* op = a.out + row * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.f;
-    for (int z = 0; z < a.splits; z++) o += __ldcg(recs + z * (hd + 3) + 3 + d) * weight[z];
-    op[d] = o / sum_l;
-  }
-  if (a.entropy && t == a.T - 1 && threadIdx.x == 0) a.entropy[h] = entropy_of(max_m, sum_l, sum_es);
+  if (!finished_last(a, size_t(blockIdx.x) * a.H + h)) return;
+  for (int t = t0 + tid / 32; t <= t_last; t += kTileThreads / 32) combine_splits_warp(a, t, h, tid % 32);
 }
 
 // Block (t, h, split): each warp walks every kAttnWarps-th column of the split's range; the warps
@@ -811,20 +920,7 @@ __global__ void attention_split_kernel(AttentionArgs a) {
     rec[3 + d] = o;
   }
 
-  // The row's last block to get here merges all its splits: no second launch. Each thread makes
-  // its writes visible device-wide before the block counts itself; the count goes back to zero
-  // for the next launch once every split has counted.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(a.done + row, 1) == a.splits - 1;
-    if (last) a.done[row] = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  combine_splits(a, t, h);
+  if (finished_last(a, row)) combine_splits(a, t, h);
 }
 
 }  // namespace
@@ -846,6 +942,15 @@ void launch_add_bias(float* y, const float* b, int T, int n, cudaStream_t s) {
 
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s) {
   rope_kernel<<<blocks_for(size_t(T) * n_heads * (hd / 2)), kThreads, 0, s>>>(x, T, n_heads, hd, cos, sin, interleaved);
+  DKI_CUDA_LAUNCHED();
+}
+
+void launch_place_segments(const SegmentPlacement* table, int n, int max_tokens, size_t rows, int S, int hd, const float* turns, bool interleaved,
+                           float* seg_k, float* seg_v, cudaStream_t s) {
+  if (n == 0 || max_tokens == 0) return;
+  // Enough blocks to fill the GPU for one long block or many short ones, within the grid's limits.
+  const unsigned x = std::min(blocks_for(rows * max_tokens * (hd / 2)), 1024u), y = unsigned(std::min(n, 65535));
+  place_segments_kernel<<<dim3(x, y), kThreads, 0, s>>>(table, n, rows, S, hd, turns, interleaved, seg_k, seg_v);
   DKI_CUDA_LAUNCHED();
 }
 
@@ -953,7 +1058,10 @@ size_t tiled_smem_limit() {
   if (it != limits->end()) return it->second;
   int optin = 0;
   DKI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t limit = std::min(size_t(optin), tiled_smem_bytes(kTileMaxHeadDim));
+  // The split merge's few static shared floats count against the same per-block limit.
+  cudaFuncAttributes attr{};
+  DKI_CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_tiled_kernel));
+  const size_t limit = std::min(size_t(optin) - std::min(size_t(optin), attr.sharedSizeBytes), tiled_smem_bytes(kTileMaxHeadDim));
   DKI_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit)));
   return (*limits)[device] = limit;
 }
@@ -961,20 +1069,26 @@ size_t tiled_smem_limit() {
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.hd > kMaxHeadDim) throw Error("CUDA attention supports head_dim up to " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(a.hd));
-  if (a.splits <= 1 && a.tiled && a.hd <= kTileMaxHeadDim && a.hd % 4 == 0 && tiled_smem_bytes(a.hd) <= tiled_smem_limit()) {
-    attention_tiled_kernel<<<dim3((a.T + kTileQ - 1) / kTileQ, a.H), kTileThreads, tiled_smem_bytes(a.hd), s>>>(a);
+  const int splits = std::max(a.splits, 1);
+  if (splits > 1) {
+    if (!a.partial || !a.done) throw Error("launch_attention: " + std::to_string(splits) + " splits without scratch");
+    if (splits > kDecodeSplits)
+      throw Error("launch_attention: " + std::to_string(splits) + " splits (the combine takes at most " + std::to_string(kDecodeSplits) + ")");
+    if (a.T > kSplitMaxTokens) throw Error("launch_attention: " + std::to_string(a.T) + " queries split (at most " + std::to_string(kSplitMaxTokens) + ")");
+  }
+  // Decode's few queries take the split warp kernel; prefill the tiled one, split or not.
+  const bool decode = splits > 1 && a.T <= kGemvMaxTokens;
+  if (!decode && a.tiled && a.hd <= kTileMaxHeadDim && a.hd % 4 == 0 && tiled_smem_bytes(a.hd) <= tiled_smem_limit()) {
+    attention_tiled_kernel<<<dim3((a.T + kTileQ - 1) / kTileQ, a.H, splits), kTileThreads, tiled_smem_bytes(a.hd), s>>>(a);
     DKI_CUDA_LAUNCHED();
     return;
   }
-  if (a.splits <= 1) {
+  if (splits == 1) {
     attention_prefill_kernel<<<dim3((a.T + kQueryTile - 1) / kQueryTile, a.H), kAttnWarps * 32, 0, s>>>(a);
     DKI_CUDA_LAUNCHED();
     return;
   }
-  if (!a.partial || !a.done) throw Error("launch_attention: " + std::to_string(a.splits) + " splits without scratch");
-  if (a.splits > kDecodeSplits)
-    throw Error("launch_attention: " + std::to_string(a.splits) + " splits (the combine takes at most " + std::to_string(kDecodeSplits) + ")");
-  attention_split_kernel<<<dim3(a.T, a.H, a.splits), kAttnWarps * 32, 0, s>>>(a);
+  attention_split_kernel<<<dim3(a.T, a.H, splits), kAttnWarps * 32, 0, s>>>(a);
   DKI_CUDA_LAUNCHED();
 }
 

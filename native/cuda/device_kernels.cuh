@@ -41,6 +41,20 @@ struct RopeStoreArgs {
 void launch_rope_store(const RopeStoreArgs& a, cudaStream_t s);
 // cos/sin: [T, hd/2]. Rotates x [T, n_heads, hd] in place (a K/V block's keys being remapped).
 void launch_rope(float* x, int T, int n_heads, int hd, const float* cos, const float* sin, bool interleaved, cudaStream_t s);
+// Where one injected block goes in a context's segment buffers ([rows][S][hd], rows = layers ×
+// K/V heads): its rows, at k and v and `pitch` floats apart, land at token column `off`, the keys
+// rotated by rotation `turn` of the turns table (cos then sin of the move's angles, hd/2 each;
+// −1: none). A block already in place (uploaded there from host memory) names the buffers'
+// own rows: its keys are rotated in place and its values left as they are.
+struct SegmentPlacement {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  size_t pitch = 0;
+  int n_tokens = 0, off = 0, turn = -1;
+};
+// Places the n blocks of `table` (device memory, each at most max_tokens long) in one launch.
+void launch_place_segments(const SegmentPlacement* table, int n, int max_tokens, size_t rows, int S, int hd, const float* turns, bool interleaved,
+                           float* seg_k, float* seg_v, cudaStream_t s);
 void launch_swiglu(float* gate, const float* up, size_t n, cudaStream_t s);
 void launch_scale(float* x, float a, size_t n, cudaStream_t s);
 // *bits = the float bits of max |x[i]| (≥ 0x7f800000 when any x[i] is NaN or ±inf), in stream order.
@@ -106,11 +120,12 @@ struct AttentionArgs {
   int T = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.f;
   float* entropy = nullptr;  // [H]: attention entropy of the last query, or null
-  // 1: the flash-tiled prefill kernel. More: split-K, each (query, head) row's columns cut into
-  // `splits` ranges, one block each, whose partial softmax states go to `partial`
-  // ([T, H, splits, hd + 3] floats) and are merged by the row's last block to finish, which
-  // `done` ([T, H] counts, zero between launches) tells. Decode has one query per head: without
-  // the split only H blocks would stream the whole cache.
+  // 1: one block per (query tile, head) walks every column. More: split-K, each row's columns cut
+  // into `splits` ranges, one block each, whose partial softmax states go to `partial`
+  // ([T, H, splits, hd + 3] floats) and are merged by the last block to finish, which `done`
+  // ([T, H] counts, zero between launches) tells. Decode has one query per head, and a short
+  // prompt after a long injected memory one tile of queries: without the split only H blocks
+  // would walk all the columns, one tile after another.
   int splits = 1;
   float* partial = nullptr;
   int* done = nullptr;
@@ -121,8 +136,11 @@ struct AttentionArgs {
 };
 // hd ≤ kMaxHeadDim.
 constexpr int kMaxHeadDim = 256;
-// The split-K factor of decode steps (T ≤ kGemvMaxTokens); prefill has T·H blocks already.
+// The split-K factor of decode steps (T ≤ kGemvMaxTokens), and the most splits of any launch.
 constexpr int kDecodeSplits = 16;
+// A prefill chunk of up to this many tokens (one tile of queries) may split its columns too:
+// partial and done hold this many rows.
+constexpr int kSplitMaxTokens = 64;
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace dki

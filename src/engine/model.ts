@@ -366,11 +366,8 @@ export class Model {
     }
   }
 
-  /**
-   * Installs the segments that pass the α threshold into ctx at the positions the strategy
-   * asks for; returns the blocks it made (remapped copies, on a GPU) so the caller can free them.
-   */
-  private async injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): Promise<{ made: KVBlock[]; segmentTokens: number; kept: KeptSegment[] }> {
+  /** Installs the segments that pass the α threshold into ctx at the positions the strategy asks for. */
+  private injectSegments(ctx: NativeContextHandle, inj: InjectionOptions): { segmentTokens: number; kept: KeptSegment[] } {
     const threshold = inj.alphaThreshold ?? 0.1;
     if (!(threshold >= 0) || !Number.isFinite(threshold)) throw new DkiArgumentError(`alphaThreshold must be a finite number >= 0, got ${threshold}`);
     const positions = inj.positions ?? "negative";
@@ -399,28 +396,20 @@ export class Model {
       kept.push({ index, kv: s.kv, alpha, scaling, temperature });
     }
     const total = kept.reduce((n, s) => n + s.kv.nTokens, 0);
-    // Before the remapped copies below: an injection the GPU cannot hold would otherwise first
-    // copy every block in host memory (enough of them exhaust it) and only then fail.
+    // An injection the GPU cannot hold fails here, before anything is copied.
     ctx.reserveSegments(total);
     let at = positions === "negative" ? -total : 0;
-    const made: KVBlock[] = [];
     const placed: NativeSegment[] = [];
     for (const s of kept) {
-      let kv = s.kv;
-      let shift = at - kv.startPos;
-      // The CPU turns its queries back by the shift, with no copy (see Segment in kv_block.h);
-      // the GPU kernels read keys where they sit, so they get a copy remapped off this thread.
-      if (shift !== 0 && this.info.device === "cuda") {
-        kv = await kv.remap(at);
-        made.push(kv);
-        shift = 0;
-      }
-      placed.push({ block: kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit", shift, temperature: s.temperature });
+      // Each block moves to where it sits by its shift, with no copy of it made here: the CPU
+      // turns its queries back by the shift, the GPU rotates the keys as it copies them into the
+      // context's segment buffer (see Segment in kv_block.h).
+      placed.push({ block: s.kv.nativeHandle(), alpha: s.alpha, logit: s.scaling === "logit", shift: at - s.kv.startPos, temperature: s.temperature });
       at += s.kv.nTokens;
     }
     ctx.reset(positions === "negative" ? 0 : total);
     ctx.setSegments(placed);
-    return { made, segmentTokens: total, kept };
+    return { segmentTokens: total, kept };
   }
 
   /** Runs fn in the shared context with the injection installed, then clears it. */
@@ -431,14 +420,13 @@ export class Model {
     signal?: AbortSignal,
   ): Promise<T> {
     return this.withContext(async (ctx, either) => {
-      const { made, segmentTokens, kept } = await this.injectSegments(ctx, inj);
+      const { segmentTokens, kept } = this.injectSegments(ctx, inj);
       try {
         return await fn(ctx, segmentTokens, either);
       } catch (e) {
         throw withSegments(e, what, kept);
       } finally {
         ctx.setSegments([]);
-        for (const b of made) b.dispose();
       }
     }, signal);
   }

@@ -71,7 +71,7 @@ export interface NativeSegment {
   block: NativeKVBlockHandle;
   alpha: number;
   logit: boolean;
-  /** The block sits at its startPos + shift (default 0), with no remapped copy made on the CPU. */
+  /** The block sits at its startPos + shift (default 0), with no remapped copy of it made. */
   shift?: number;
   /** Divides the block's attention scores (default 1); finite and > 0. CPU only: CUDA refuses one ≠ 1. */
   temperature?: number;
@@ -103,7 +103,7 @@ export interface NativeContextHandle {
   cancel(): void;
   /**
    * Checks that `tokens` of segments can be injected and, on a GPU, allocates their memory now:
-   * a too-large injection fails before its blocks are prepared (remapped copies in host memory).
+   * a too-large injection fails before anything is copied.
    */
   reserveSegments(tokens: number): void;
   setSegments(segments: NativeSegment[]): void;
