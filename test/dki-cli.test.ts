@@ -2,7 +2,7 @@
 // as JSON with the DKIResponse's fields in snake_case, one streamed with its summary line, the
 // interactive session's commands, and the usage errors.
 import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
@@ -92,6 +92,37 @@ describe("dki chat", () => {
     expect(gated.gating.reason).toMatch(/^top relevance 0\.\d{3} is below the threshold 0\.990: no memory injected$/);
     const open = JSON.parse((await dki([...ask, "--relevance-threshold", "0"])).stdout);
     expect(open.memories_used.map((m: { id: string }) => m.id)).toEqual([memId]);
+  });
+
+  test("--config FILE (YAML or JSON, DKIConfig's keys) sets the system's settings, flags win over it; a bad file is one error naming it and the key, before the model loads", async () => {
+    const dir = tempDir();
+    const yaml = join(dir, "dki.yaml");
+    writeFileSync(yaml, "# the gate closed for every memory\ngating:\n  relevanceThreshold: 0.99\nmemoryMaxTokens: 512\n");
+    const ask = ["chat", "--model", model, "--data", data, "--user", "alice", "--session", "cfg", "--query", "Any tips for hiking in the Alps with a peanut allergy?", "--format", "json", "-n", "1", "--threads", "1"];
+    const gated = JSON.parse((await dki([...ask, "--config", yaml])).stdout);
+    expect(gated.memories_used).toEqual([]);
+    expect(gated.gating.reason).toMatch(/below the threshold 0\.990/);
+    // The flag on top of the file: τ 0 lets the memory in; the file's other key stays.
+    const open = JSON.parse((await dki([...ask, "--config", yaml, "--relevance-threshold", "0"])).stdout);
+    expect(open.memories_used.map((m: { id: string }) => m.id)).toEqual([memId]);
+    const json = join(dir, "dki.json");
+    writeFileSync(json, JSON.stringify({ maxMemories: 0 }));
+    expect(JSON.parse((await dki([...ask, "--config", json])).stdout).memories_used).toEqual([]);
+    // dki rag reads the same file.
+    expect(JSON.parse((await dki(["rag", ...ask.slice(1), "--config", json])).stdout).memories_used).toEqual([]);
+
+    const bad = async (name: string, text: string) => {
+      const f = join(dir, name);
+      writeFileSync(f, text);
+      return dkiFails([...ask, "--config", f]);
+    };
+    expect(await bad("typo.yaml", "maxMemory: 2\n")).toMatch(new RegExp(`^dki: --config .*typo\.yaml: config has no key "maxMemory" \\(known: maxMemories, `));
+    expect(await bad("gate.yaml", "gating:\n  alphaMx: 1\n")).toMatch(/--config .*gate\.yaml: config\.gating has no key "alphaMx"/);
+    expect(await bad("value.json", JSON.stringify({ gating: { alphaMax: 2 } }))).toMatch(/--config .*value\.json: config\.gating\.alphaMax must be in \[0, 1\], got 2/);
+    expect(await bad("twice.yaml", "maxMemories: 1\nmaxMemories: 2\n")).toMatch(/--config .*twice\.yaml: not valid YAML: .*[Mm]ap keys must be unique/);
+    expect(await bad("broken.json", "{ maxMemories: ")).toMatch(/--config .*broken\.json: not valid JSON: /);
+    expect(await bad("list.yaml", "- 1\n- 2\n")).toMatch(/--config .*list\.yaml: expected a mapping of settings \(e\.g\. maxMemories: 5\), got a list/);
+    expect(await dkiFails([...ask, "--config", join(dir, "missing.yaml")])).toMatch(/--config .*missing\.yaml: cannot read it \(no such file\)/);
   });
 });
 

@@ -71,4 +71,8 @@ test("without recall.enabled the flat history stays, and recall() says how to tu
     await sys.close();
   }
   expect(() => resolveConfig({ recall: { budget: { max_recent_turns: -1 } } })).toThrow(/config\.recall\.budget\.max_recent_turns must be an integer >= 0, got -1/);
+  // A misspelt key is refused at every level, not ignored.
+  expect(() => resolveConfig({ maxMemory: 2 } as never)).toThrow(/^config has no key "maxMemory" \(known: maxMemories, /);
+  expect(() => resolveConfig({ gating: { alphaMx: 1 } } as never)).toThrow(/^config\.gating has no key "alphaMx"/);
+  expect(() => resolveConfig({ gating: 3 } as never)).toThrow(/^config\.gating must be an object, got 3/);
 }, 600_000);

@@ -37,9 +37,9 @@ async function chat(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined && !flags.memory) throw new Error("give at most one of --alpha and --no-memory");
   if (flags.relevanceThreshold !== undefined && (flags.alpha !== undefined || !flags.memory)) throw new Error("--relevance-threshold is the gate's: it does nothing with --alpha or --no-memory");
   const session = await prepareTurns(flags, "chat");
+  const config = await turnConfig(flags, { ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }), ...(flags.recall ? { recall: { enabled: true } } : {}) });
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const config = { ...turnConfig(flags), ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }), ...(flags.recall ? { recall: { enabled: true } } : {}) };
   const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
   try {
     const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });

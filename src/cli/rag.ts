@@ -40,6 +40,7 @@ function checkFlags(flags: RagFlags): void {
 export async function ragCommand(flags: RagFlags): Promise<void> {
   checkFlags(flags);
   const session = await prepareTurns(flags, "rag");
+  const config = await turnConfig(flags);
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
   await checkModelPath(flags.model, "--model");
   // The collection is checked before the model loads; searching it needs only its embedder.
@@ -48,7 +49,7 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   let system: RAGSystem | null = null;
   try {
     if (kb !== null && flags.collection !== undefined) kb.getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config: turnConfig(flags), knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),

@@ -7,6 +7,7 @@ import type { Device } from "../engine/model.js";
 import type { DKIConfigInput } from "../dki/config.js";
 import { defaultCacheDir } from "../dki/open.js";
 import { choiceOption, deviceOption, EMBEDDER_HELP, intOption, newSessionId, snippet, threadsOption } from "./options.js";
+import { mergeConfig, readConfigFile } from "./config-file.js";
 import { snakeKeys } from "./output.js";
 import { checkCacheFolder, checkStoreExists } from "./paths.js";
 
@@ -29,6 +30,8 @@ export interface TurnFlags {
   contextSize?: number;
   maxMemories?: number;
   memoryMaxTokens?: number;
+  /** --config: a JSON or YAML file of DKIConfig's keys, under the flags. */
+  config?: string;
 }
 
 /** The checks of the flags every chat-like command takes. */
@@ -53,9 +56,14 @@ export async function prepareTurns(flags: TurnFlags, command: "chat" | "rag"): P
 /** The model's load options from the flags. */
 export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
 
-/** The settings the flags give the system's config (those not given keep the config's defaults). */
-export function turnConfig(flags: TurnFlags): DKIConfigInput {
-  return { ...(flags.maxMemories !== undefined ? { maxMemories: flags.maxMemories } : {}), ...(flags.memoryMaxTokens !== undefined ? { memoryMaxTokens: flags.memoryMaxTokens } : {}) };
+/**
+ * The system's config: --config's file, then the flags on top (`extra`: a command's own), so a
+ * flag given wins over the file and what neither gives keeps its default.
+ */
+export async function turnConfig(flags: TurnFlags, extra: DKIConfigInput = {}): Promise<DKIConfigInput> {
+  const file = flags.config === undefined ? {} : await readConfigFile(flags.config);
+  const given = { ...(flags.maxMemories !== undefined ? { maxMemories: flags.maxMemories } : {}), ...(flags.memoryMaxTokens !== undefined ? { memoryMaxTokens: flags.memoryMaxTokens } : {}) };
+  return mergeConfig(file, mergeConfig(given, extra));
 }
 
 /**
@@ -172,7 +180,8 @@ export function turnCommandOptions(c: Command, cacheHelp: string): Command {
     .requiredOption("--user <id>", "user id")
     .option("--session <id>", "session id (default: a new session for this run, named in the output)")
     .option("-q, --query <text>", "answer this one query and exit")
-    .option("--system <text>", "system prompt");
+    .option("--system <text>", "system prompt")
+    .option("--config <file>", "settings in a JSON or YAML file: DKIConfig's keys (maxMemories, gating, recall, …); flags win over it");
 }
 
 /** The options after --no-memory (and chat's --alpha) that every chat-like command takes. */

@@ -4,7 +4,7 @@
 import { DkiArgumentError } from "../errors.js";
 import type { PositionStrategy } from "../engine/model.js";
 import type { Embedder } from "../memory/types.js";
-import { resolveRecallConfig, type RecallConfig, type RecallConfigInput } from "../recall/config.js";
+import { resolveRecallConfig, unknownKeys, type RecallConfig, type RecallConfigInput } from "../recall/config.js";
 
 /** What each memory block is encoded behind (part of its cache key). */
 export type EncodingPrefix = "none" | "bos" | "bos+system";
@@ -177,6 +177,12 @@ export type DKIConfigInput = Partial<Omit<DKIConfig, "gating" | "blockFix" | "re
  */
 export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedder, "id" | "relevanceThreshold">): DKIConfig {
   if (input === null || typeof input !== "object") throw new DkiArgumentError(`config must be an object, got ${String(input)}`);
+  // A misspelt key would otherwise be ignored without a word (a config file's typo).
+  unknownKeys("", input, { ...DEFAULT_CONFIG, gating: null, recall: null, systemPrompt: null });
+  if (input.gating !== undefined) {
+    if (input.gating === null || typeof input.gating !== "object" || Array.isArray(input.gating)) throw new DkiArgumentError(`config.gating must be an object, got ${shown(input.gating)}`);
+    unknownKeys("gating", input.gating, DEFAULT_GATING);
+  }
   const c: DKIConfig = {
     ...DEFAULT_CONFIG,
     ...input,

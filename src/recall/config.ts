@@ -144,8 +144,10 @@ export function resolveRecallConfig(input: RecallConfigInput = {}): RecallConfig
   return c;
 }
 
-function unknownKeys(where: string, given: object, known: object): void {
-  for (const k of Object.keys(given)) if (!Object.hasOwn(known, k)) throw new DkiArgumentError(`config.${where} has no key ${JSON.stringify(k)} (known: ${Object.keys(known).join(", ")})`);
+/** Refuses a key of `given` that `known` lacks, naming it and the keys there are ("" where: the top level). */
+export function unknownKeys(where: string, given: object, known: object): void {
+  const at = where === "" ? "config" : `config.${where}`;
+  for (const k of Object.keys(given)) if (!Object.hasOwn(known, k)) throw new DkiArgumentError(`${at} has no key ${JSON.stringify(k)} (known: ${Object.keys(known).join(", ")})`);
 }
 
 function shown(v: unknown): string {
