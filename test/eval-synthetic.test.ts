@@ -126,7 +126,7 @@ it("the file imports through the LoCoMo importer: one user per conversation, one
   open.push(store);
   const result = await store.importConversations(file);
   expect(result.format).toBe("locomo");
-  expect(result.users).toEqual(samples.map((s) => ({ userId: s.sample_id, memories: turns(s).length })));
+  expect(result.users).toEqual(samples.map((s) => ({ userId: s.sample_id, memories: turns(s).length, messages: 0 })));
   const first = turns(samples[1]!);
   const stored = await store.memories.getAll({ userId: samples[1]!.sample_id });
   expect(stored.map((m) => m.text)).toEqual(first.map((t) => `${t.speaker}: ${t.text}`));

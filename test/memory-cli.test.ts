@@ -100,7 +100,7 @@ test("pref add/list/rm, memory import, user erase clearing the K/V cache beside 
 
   // Now conv-26 is gone, the import goes through.
   const summary = JSON.parse((await dki(["memory", "import", file, "--data", data, "--format", "locomo"])).stdout) as unknown;
-  expect(summary).toEqual({ format: "locomo", users: [{ user_id: "conv-26", memories: 7 }], memories: 7, invalid_utf8: 0 });
+  expect(summary).toEqual({ format: "locomo", as: "memories", users: [{ user_id: "conv-26", memories: 7 }], memories: 7, invalid_utf8: 0 });
   expect(await dkiFails(["user", "erase", "conv-26", "--data", data, "--cache", join(tempDir(), "nope"), "--yes"])).toMatch(/--cache .*nope: no such folder/);
 });
 

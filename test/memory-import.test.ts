@@ -28,7 +28,17 @@ function file(data: unknown): string {
 it("imports LoCoMo: one user per sample (sample_id, else conv-<index>), one memory per turn, sessions at either level", async () => {
   const store = await openStore();
   const result = await store.importConversations(file(locomoSample()));
-  expect(result).toEqual({ format: "locomo", users: [{ userId: "conv-26", memories: 7 }, { userId: "conv-1", memories: 3 }], memories: 10, invalidUtf8: 0 });
+  expect(result).toEqual({
+    format: "locomo",
+    as: "memories",
+    users: [
+      { userId: "conv-26", memories: 7, messages: 0 },
+      { userId: "conv-1", memories: 3, messages: 0 },
+    ],
+    memories: 10,
+    messages: 0,
+    invalidUtf8: 0,
+  });
   const caroline = await store.memories.getAll({ userId: "conv-26" });
   expect(caroline[0]).toMatchObject({
     sessionId: "session_1",
@@ -48,9 +58,43 @@ it("imports LoCoMo: one user per sample (sample_id, else conv-<index>), one memo
 it("imports LongMemEval: one user per question_id, turnId <session id>:<turn index>", async () => {
   const store = await openStore();
   const result = await store.importConversations(file(longMemEvalSample()), { format: "auto" });
-  expect(result).toEqual({ format: "longmemeval", users: [{ userId: "e47becba", memories: 4 }], memories: 4, invalidUtf8: 0 });
+  expect(result).toEqual({ format: "longmemeval", as: "memories", users: [{ userId: "e47becba", memories: 4, messages: 0 }], memories: 4, messages: 0, invalidUtf8: 0 });
   const all = await store.memories.getAll({ userId: "e47becba", sessionId: "answer_280352e9" });
   expect(all[0]).toMatchObject({ text: "User: I graduated with a degree in Business Administration, what jobs fit?", metadata: { turnId: "answer_280352e9:0", speaker: "user", date: "2023/05/22 (Mon) 10:00" } });
+});
+
+it("imports as history: each turn a message of its session, in file order, roles from the speakers, the source's turn ids kept; no memories", async () => {
+  const store = await openStore();
+  const result = await store.importConversations(file(locomoSample()), { as: "history" });
+  expect(result).toMatchObject({ as: "history", users: [{ userId: "conv-26", memories: 0, messages: 7 }, { userId: "conv-1", memories: 0, messages: 3 }], memories: 0, messages: 10 });
+  expect(await store.memories.getAll({ userId: "conv-26" })).toEqual([]);
+  const all = await store.conversations.listUser({ userId: "conv-26" });
+  expect(all.map((t) => [t.sessionId, t.role, t.metadata?.turnId])).toEqual([
+    ["session_1", "user", "D1:1"],
+    ["session_1", "assistant", "D1:2"],
+    ["session_1", "user", "D1:3"],
+    ["session_1", "assistant", "D1:4"],
+    ["session_2", "assistant", "D2:1"],
+    ["session_2", "user", "D2:2"],
+    ["session_2", "assistant", "D2:3"],
+  ]);
+  expect(all[3]).toMatchObject({ content: "Melanie: Look at this one I painted last week. [image: a photo of a painting of a sunset over a lake]", metadata: { speaker: "Melanie", date: "1:56 pm on 8 May, 2023" } });
+  expect((await store.conversations.list({ userId: "conv-26", sessionId: "session_2" })).map((t) => t.metadata?.turnId)).toEqual(["D2:1", "D2:2", "D2:3"]);
+  // No speaker_a: whoever speaks first is the user's side. session_10 after session_1.
+  expect((await store.conversations.listUser({ userId: "conv-1" })).map((t) => [t.role, t.metadata?.turnId])).toEqual([["user", "D1:1"], ["assistant", "D1:2"], ["user", "D10:1"]]);
+  // A turn id resolves through the store's scope like any turn: another user's reads as not found.
+  expect(await store.conversations.get(all[0].id, { userId: "conv-26" })).toMatchObject({ content: all[0].content });
+  expect(await store.conversations.get(all[0].id, { userId: "conv-1" })).toBeUndefined();
+  expect((await store.audit.list({ userId: "conv-26", action: "history_import" }))[0].metadata).toEqual({ messages: 7 });
+  await expect(store.importConversations(file(locomoSample()), { as: "history" })).rejects.toThrow(/user "conv-26" already exists in the store/);
+
+  const lme = await store.importConversations(file(longMemEvalSample()), { as: "history" });
+  expect(lme.messages).toBe(4);
+  expect((await store.conversations.listUser({ userId: "e47becba" })).map((t) => t.role)).toEqual(["user", "assistant", "user", "assistant"]);
+  const badRole = longMemEvalSample() as { haystack_sessions: { role: string }[][] }[];
+  badRole[0].haystack_sessions[0][1].role = "narrator";
+  await expect(store.importConversations(file(badRole), { as: "history" })).rejects.toThrow(/\[0\]\.haystack_sessions\[0\]\[1\]\.role: expected "user", "assistant" or "system", got "narrator"/);
+  await expect(store.importConversations(file(locomoSample()), { as: "notes" as "history" })).rejects.toThrow(/cannot import as "notes" \(expected "memories" or "history"\)/);
 });
 
 it("refuses files of the wrong shape, naming the path inside the file, and writes nothing", async () => {

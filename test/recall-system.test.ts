@@ -6,8 +6,11 @@ import { afterAll, beforeAll, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { DKISystem, resolveConfig } from "../src/dki/index.js";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { tempDir } from "./support/paths.js";
 import { dki } from "./support/dki-bin.js";
+import { syntheticConversation } from "./support/recall-sessions.js";
 
 let model: Model;
 let modelDir: string;
@@ -75,4 +78,29 @@ test("without recall.enabled the flat history stays, and recall() says how to tu
   expect(() => resolveConfig({ maxMemory: 2 } as never)).toThrow(/^config has no key "maxMemory" \(known: maxMemories, /);
   expect(() => resolveConfig({ gating: { alphaMx: 1 } } as never)).toThrow(/^config\.gating has no key "alphaMx"/);
   expect(() => resolveConfig({ gating: 3 } as never)).toThrow(/^config\.gating must be an object, got 3/);
+}, 600_000);
+
+test("a LoCoMo file imported as history (dki memory import --as history) is recalled across its sessions: the old evidence turn is in the suffix with its source turn id", async () => {
+  // 200 turns (400 messages) of everyday chatter in sessions of 40 messages, the answer in one old message.
+  const conv = syntheticConversation(3, "en", 200);
+  const sessions: Record<string, unknown> = { speaker_a: "Sam", speaker_b: "Alex" };
+  conv.messages.forEach((m, i) => {
+    const key = `session_${Math.floor(i / 40) + 1}`;
+    sessions[`${key}_date_time`] ??= `10:00 am on ${Math.floor(i / 40) + 1} May, 2023`;
+    ((sessions[key] ??= []) as unknown[]).push({ speaker: m.role === "user" ? "Sam" : "Alex", dia_id: `D${Math.floor(i / 40) + 1}:${(i % 40) + 1}`, text: m.content });
+  });
+  const file = join(tempDir(), "history.json");
+  writeFileSync(file, JSON.stringify([{ sample_id: "sam", conversation: sessions, qa: [] }]));
+  const data = tempDir();
+  const imported = JSON.parse((await dki(["memory", "import", file, "--data", data, "--as", "history"])).stdout) as unknown;
+  expect(imported).toEqual({ format: "locomo", as: "history", users: [{ user_id: "sam", messages: 400 }], messages: 400, invalid_utf8: 0 });
+
+  const { stdout } = await dki(["recall", "--model", modelDir, "--data", data, "--user", "sam", "--scope", "user", "--query", conv.needle.question, "--format", "json", "--context-size", "2048"]);
+  const out = JSON.parse(stdout) as { searched: number; messages: { content: string; metadata?: { turn_id: string } }[]; suffix: { text: string; tokens: number; available: number } };
+  expect(out.searched).toBe(400);
+  const at = conv.evidenceAt;
+  const evidence = out.messages.find((m) => m.content.includes(conv.needle.evidence));
+  expect(evidence?.metadata?.turn_id).toBe(`D${Math.floor(at / 40) + 1}:${(at % 40) + 1}`);
+  expect(out.suffix.text).toContain(conv.needle.evidence);
+  expect(out.suffix.tokens).toBeLessThanOrEqual(out.suffix.available);
 }, 600_000);

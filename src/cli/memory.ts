@@ -10,7 +10,7 @@ import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
 import { readL3Folder } from "../cache/tiers/l3-files.js";
 import { defaultCacheDir } from "../dki/open.js";
 import { MemoryStore } from "../memory/memory-store.js";
-import type { ImportFormat } from "../memory/import.js";
+import type { ImportAs, ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
 import { decodeUtf8, replacementCharacters } from "../util/utf8.js";
 import { knowledgeBaseDir } from "./kb.js";
@@ -170,18 +170,21 @@ export function registerMemoryCommands(program: Command): void {
       );
     }),
   );
-  store(memory.command("import <file>").description("import a LoCoMo or LongMemEval file: one user per conversation, one memory per turn; prints a JSON summary"))
+  store(memory.command("import <file>").description("import a LoCoMo or LongMemEval file: one user per conversation, one memory (or history message) per turn; prints a JSON summary"))
     .option("--format <format>", "the file's format: locomo, longmemeval or auto", choiceOption("--format", ["locomo", "longmemeval", "auto"] as const), "auto")
-    .action((file: string, f: StoreFlags & { format: ImportFormat }) =>
+    .option("--as <what>", "memories (one per turn) or history (the user's conversation sessions, which recall searches)", choiceOption("--as", ["memories", "history"] as const), "memories")
+    .action((file: string, f: StoreFlags & { format: ImportFormat; as: ImportAs }) =>
       withStore(f, "may create", async (s) => {
         const bar = stderrBar("importing [{bar}] {value}/{total} conversations");
         const r = await s.importConversations(file, {
           format: f.format,
+          as: f.as,
           onProgress: (done, total) => (done === 0 ? bar?.start(total, 0) : bar?.update(done)),
         });
         bar?.stop();
         if (r.invalidUtf8 > 0) warnInvalidUtf8(file, r.invalidUtf8);
-        print("json", { format: r.format, users: r.users.map((u) => ({ user_id: u.userId, memories: u.memories })), memories: r.memories, invalid_utf8: r.invalidUtf8 }, "");
+        const users = r.users.map((u) => ({ user_id: u.userId, ...(r.as === "memories" ? { memories: u.memories } : { messages: u.messages }) }));
+        print("json", { format: r.format, as: r.as, users, ...(r.as === "memories" ? { memories: r.memories } : { messages: r.messages }), invalid_utf8: r.invalidUtf8 }, "");
       }),
     );
 

@@ -320,6 +320,7 @@ async function importNeeded(storeDir: string, file: string, users: Set<string>, 
         maxTextChars: store.maxTextChars,
         listUsers: () => [],
         insertTurns: async (userId: string, turns: ImportedTurn[]) => (users.has(userId) && !present.has(userId) ? store.insertTurns(userId, turns) : 0),
+        insertHistory: async (userId: string, turns: ImportedTurn[]) => (users.has(userId) && !present.has(userId) ? store.insertHistory(userId, turns) : 0),
       },
       file,
     );

@@ -1,5 +1,6 @@
 // Conversation import: real dialogue corpora in their published formats become memories, one user
-// per conversation and one memory per turn, so benchmarks run on real data at real scale.
+// per conversation and one memory per turn, so benchmarks run on real data at real scale; or, as
+// "history", the user's conversation sessions (one message per turn), which Recall v4 searches.
 //
 //   LoCoMo       a list of samples (or one sample) with conversation: { speaker_a, speaker_b,
 //                session_<n>: [{ speaker, dia_id, text, blip_caption? }], session_<n>_date_time }
@@ -10,6 +11,9 @@
 //                turnId: <session id>:<turn index>.
 // Each memory's text is "Speaker: text" (a LoCoMo image turn adds " [image: <caption>]", since the
 // caption is often what a question asks about) and its metadata { turnId, speaker, sessionId, date }.
+// As history, each turn is a message with that text and metadata, in its session, in file order;
+// its role is the LongMemEval role, or for LoCoMo "user" for speaker_a and "assistant" for the
+// other speaker (both are people: the text keeps their names).
 //
 // The whole file is checked before anything is written, and a shape error names the path inside
 // the file ("[3].conversation.session_2[5].text"). Users that already exist are refused, so an
@@ -17,17 +21,28 @@
 import { readFile, stat } from "node:fs/promises";
 import { decodeUtf8 } from "../util/utf8.js";
 import { ImportFormatError } from "./errors.js";
-import type { Metadata } from "./types.js";
+import type { Metadata, Role } from "./types.js";
 
 export type ImportFormat = "locomo" | "longmemeval" | "auto";
+/** What each turn becomes: a memory, or a message of the user's conversation history. */
+export type ImportAs = "memories" | "history";
+
+export interface ImportOptions {
+  format?: ImportFormat;
+  as?: ImportAs;
+  onProgress?: (done: number, total: number) => void;
+}
 
 // V8's longest string is 2^29 - 24 UTF-16 units; a file read whole must decode into one.
 const MAX_FILE_BYTES = 512 * 2 ** 20;
 
 export interface ImportResult {
   format: "locomo" | "longmemeval";
-  users: { userId: string; memories: number }[];
+  as: ImportAs;
+  /** Per user, the memories or the history messages written (the other count is 0). */
+  users: { userId: string; memories: number; messages: number }[];
   memories: number;
+  messages: number;
   /** Characters of the file that were not UTF-8, read as U+FFFD (the CLI warns when there are any). */
   invalidUtf8: number;
 }
@@ -37,6 +52,8 @@ export interface ImportedTurn {
   at: string;
   text: string;
   sessionId: string;
+  /** Its role as a history message. */
+  role: Role;
   metadata: Metadata;
 }
 
@@ -50,6 +67,7 @@ export interface ImportTarget {
   readonly maxTextChars: number;
   listUsers(): string[];
   insertTurns(userId: string, turns: ImportedTurn[]): Promise<number>;
+  insertHistory(userId: string, turns: ImportedTurn[]): Promise<number>;
 }
 
 /** Reads and checks a whole file; throws ImportFormatError naming the path of the first problem. */
@@ -81,22 +99,26 @@ export async function parseConversations(file: string, format: ImportFormat = "a
   return { format: kind, conversations, invalidUtf8 };
 }
 
-export async function importConversations(target: ImportTarget, file: string, options: { format?: ImportFormat; onProgress?: (done: number, total: number) => void } = {}): Promise<ImportResult> {
+export async function importConversations(target: ImportTarget, file: string, options: ImportOptions = {}): Promise<ImportResult> {
+  const as = options.as ?? "memories";
+  if (as !== "memories" && as !== "history") throw new ImportFormatError(file, "$", `cannot import as ${JSON.stringify(as)} (expected "memories" or "history")`);
   const { format, conversations, invalidUtf8 } = await parseConversations(file, options.format ?? "auto");
   const existing = new Set(target.listUsers());
   const clash = conversations.find((c) => existing.has(c.userId));
   if (clash !== undefined) throw new ImportFormatError(file, "$", `user ${JSON.stringify(clash.userId)} already exists in the store; erase it first (dki user erase) or import into another folder`);
   for (const c of conversations) {
     const long = c.turns.find((t) => t.text.length > target.maxTextChars);
-    if (long !== undefined) throw new ImportFormatError(file, long.at, `the turn is ${long.text.length} characters long as a memory; the store's maximum is ${target.maxTextChars} (maxTextChars)`);
+    if (long !== undefined) throw new ImportFormatError(file, long.at, `the turn is ${long.text.length} characters long as a ${as === "memories" ? "memory" : "message"}; the store's maximum is ${target.maxTextChars} (maxTextChars)`);
   }
   const users: ImportResult["users"] = [];
   options.onProgress?.(0, conversations.length);
   for (const c of conversations) {
-    users.push({ userId: c.userId, memories: c.turns.length === 0 ? 0 : await target.insertTurns(c.userId, c.turns) });
+    const n = c.turns.length === 0 ? 0 : as === "memories" ? await target.insertTurns(c.userId, c.turns) : await target.insertHistory(c.userId, c.turns);
+    users.push({ userId: c.userId, memories: as === "memories" ? n : 0, messages: as === "history" ? n : 0 });
     options.onProgress?.(users.length, conversations.length);
   }
-  return { format, users, memories: users.reduce((n, u) => n + u.memories, 0), invalidUtf8 };
+  const sum = (k: "memories" | "messages") => users.reduce((n, u) => n + u[k], 0);
+  return { format, as, users, memories: sum("memories"), messages: sum("messages"), invalidUtf8 };
 }
 
 function detect(file: string, data: unknown): "locomo" | "longmemeval" {
@@ -125,6 +147,8 @@ function parseLocomo(file: string, data: unknown): ImportedConversation[] {
       .map((m) => ({ key: m[0], n: Number(m[1]) }))
       .sort((a, b) => a.n - b.n);
     if (sessions.length === 0) throw new ImportFormatError(file, convAt, "no session_<n> keys: not a LoCoMo conversation");
+    // The user's side of the history: speaker_a, else whoever speaks first.
+    let speakerA = conv.speaker_a === undefined ? undefined : str(file, `${convAt}.speaker_a`, conv.speaker_a);
     const turns: ImportedTurn[] = [];
     for (const { key } of sessions) {
       const list = conv[key];
@@ -136,10 +160,12 @@ function parseLocomo(file: string, data: unknown): ImportedConversation[] {
         const tAt = `${sAt}[${j}]`;
         const t = object(file, tAt, turn);
         const speaker = str(file, `${tAt}.speaker`, t.speaker);
+        speakerA ??= speaker;
         const diaId = str(file, `${tAt}.dia_id`, t.dia_id);
         const text = str(file, `${tAt}.text`, t.text, true);
         const caption = t.blip_caption === undefined || t.blip_caption === null ? "" : str(file, `${tAt}.blip_caption`, t.blip_caption, true);
-        turns.push({ at: tAt, text: `${speaker}: ${text}${caption === "" ? "" : ` [image: ${caption}]`}`, sessionId: key, metadata: { turnId: diaId, speaker, sessionId: key, date } });
+        const role: Role = speaker === speakerA ? "user" : "assistant";
+        turns.push({ at: tAt, text: `${speaker}: ${text}${caption === "" ? "" : ` [image: ${caption}]`}`, sessionId: key, role, metadata: { turnId: diaId, speaker, sessionId: key, date } });
       });
     }
     return { userId, turns };
@@ -167,9 +193,10 @@ function parseLongMemEval(file: string, data: unknown): ImportedConversation[] {
         const tAt = `${sAt}[${j}]`;
         const t = object(file, tAt, turn);
         const role = str(file, `${tAt}.role`, t.role);
+        if (role !== "user" && role !== "assistant" && role !== "system") throw new ImportFormatError(file, `${tAt}.role`, `expected "user", "assistant" or "system", got ${JSON.stringify(role)}`);
         const content = str(file, `${tAt}.content`, t.content, true);
         const speaker = role.charAt(0).toUpperCase() + role.slice(1);
-        turns.push({ at: tAt, text: `${speaker}: ${content}`, sessionId: ids[s], metadata: { turnId: `${ids[s]}:${j}`, speaker: role, sessionId: ids[s], date: dates[s] } });
+        turns.push({ at: tAt, text: `${speaker}: ${content}`, sessionId: ids[s], role, metadata: { turnId: `${ids[s]}:${j}`, speaker: role, sessionId: ids[s], date: dates[s] } });
       });
     });
     return { userId, turns };

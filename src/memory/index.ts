@@ -4,7 +4,7 @@ export { MemoryStore, erasedUserId, SCHEMA_VERSION, type MemoryStoreOptions, typ
 export { MemoryNotFoundError, MemoryStoreError, StoreFileError, ImportFormatError } from "./errors.js";
 export { checkLmdbFile } from "./store-file.js";
 export { calibrateRelevance, chooseThreshold, thresholdRates, topDenseScores, summarizeScores, type Calibration, type CalibrationSet, type ThresholdRates, type ScoreSummary } from "./calibrate.js";
-export { parseConversations, type ImportFormat, type ImportResult, type ImportedConversation, type ImportedTurn } from "./import.js";
+export { parseConversations, type ImportAs, type ImportFormat, type ImportOptions, type ImportResult, type ImportedConversation, type ImportedTurn } from "./import.js";
 export { Bm25Index, type Bm25Options, type ScoredId } from "./retrieval/bm25.js";
 export { VectorIndex, IndexFileError, type VectorIndexOptions, type VectorHit } from "./retrieval/vector-index.js";
 export { fuse, fusionWeights, recency, DEFAULT_FUSION, DEFAULT_WEIGHTS, type Fusion, type FusionWeights, type Signals } from "./retrieval/fusion.js";

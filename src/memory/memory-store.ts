@@ -35,7 +35,7 @@ import { HashingEmbedder } from "./embedders/hashing.js";
 import { MemoryNotFoundError, MemoryStoreError, StoreFileError } from "./errors.js";
 import { checkLmdbFile } from "./store-file.js";
 import { checkedJson, checkedVectorBytes, readCheckedVector } from "./checked-records.js";
-import { importConversations, type ImportedTurn, type ImportFormat, type ImportResult } from "./import.js";
+import { importConversations, type ImportedTurn, type ImportOptions, type ImportResult } from "./import.js";
 import { fusionWeights, type Fusion } from "./retrieval/fusion.js";
 import { ScopedHybridIndex, type IndexedDocument, type RebuildReport, type SavedIndex, type SaveOutcome } from "./retrieval/scoped-index.js";
 import { terms } from "./text-terms.js";
@@ -401,6 +401,30 @@ export class MemoryStore implements MemoryStoreApi {
     checkId("userId", userId);
     const items = turns.map((t) => ({ text: checkText(`${t.at} text`, t.text, this.maxTextChars), metadata: checkMetadata(t.metadata), sessionId: checkId(`${t.at} session`, t.sessionId) }));
     return (await this.insert(userId, items)).length;
+  }
+
+  /** Imported turns as the user's conversation history: messages in their sessions, in order, in one transaction. */
+  async insertHistory(userId: string, turns: ImportedTurn[]): Promise<number> {
+    this.checkOpen();
+    checkId("userId", userId);
+    const now = Date.now();
+    const messages: ConversationTurn[] = turns.map((t) => ({
+      id: newId("turn"),  // ids grow in file order: listUser returns the history as it was spoken
+      userId,
+      sessionId: checkId(`${t.at} session`, t.sessionId),
+      role: checkRole(`${t.at} role`, t.role),
+      content: checkText(`${t.at} text`, t.text, this.maxTextChars),
+      memoryIds: [],
+      createdAt: now,
+      metadata: checkMetadata(t.metadata),
+    }));
+    this.env.transactionSync(() => {
+      this.ensureUser(userId, now);
+      for (const s of new Set(messages.map((m) => m.sessionId))) this.touchSession(userId, s, now);
+      for (const m of messages) this.db.turns.putSync([userId, m.sessionId, m.id], m);
+      this.writeAudit({ action: "history_import", userId, memoryIds: [], metadata: { messages: messages.length } }, now, false);
+    });
+    return messages.length;
   }
 
   /** Embeds, then writes the memories, their vectors, the user's new generation and one audit entry in one transaction. */
@@ -770,8 +794,8 @@ export class MemoryStore implements MemoryStoreApi {
     return [...this.db.users.getKeys()];
   }
 
-  /** Imports a LoCoMo or LongMemEval file: one user per conversation, one memory per turn (see import.ts). */
-  async importConversations(file: string, options: { format?: ImportFormat; onProgress?: (done: number, total: number) => void } = {}): Promise<ImportResult> {
+  /** Imports a LoCoMo or LongMemEval file: one user per conversation, one memory (or, as "history", one message) per turn (see import.ts). */
+  async importConversations(file: string, options: ImportOptions = {}): Promise<ImportResult> {
     this.checkOpen();
     return importConversations(this, file, options);
   }

@@ -58,6 +58,8 @@ export interface ConversationTurn {
   memoryIds: string[];
   latencyMs?: number;
   createdAt: number;
+  /** Imported history only (importConversations as "history"): the source's turn id, speaker, session and date. */
+  metadata?: Metadata;
 }
 
 export interface AuditEntry {

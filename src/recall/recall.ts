@@ -13,7 +13,7 @@
 // `limit` kept, the newest min_recent_turns turns always added and up to max_recent_turns turns
 // offered after them; the result comes back in time order, each message with its score, signals
 // and priority (the order a suffix builder should spend its budget in).
-import type { ConversationTurn, Embedder, MemoryStoreApi } from "../memory/types.js";
+import type { ConversationTurn, Embedder, MemoryStoreApi, Metadata } from "../memory/types.js";
 import { STOP_WORDS, terms } from "../memory/text-terms.js";
 import { DkiArgumentError } from "../errors.js";
 import type { RecallConfig, RecallScope } from "./config.js";
@@ -40,6 +40,8 @@ export interface RecalledMessage {
   reason: RecallReason;
   /** 0 first: the order a budget is spent in (the required recent turns, then by score, then the extra recent turns). */
   priority: number;
+  /** An imported message's source turn id, speaker and date (see importConversations as "history"). */
+  metadata?: Metadata;
 }
 
 export type ReferenceKind = "recent" | "earlier";
@@ -169,7 +171,7 @@ export class MultiSignalRecall {
       if (out.has(t.id)) return;
       const e = signals.get(t.id) ?? { keyword: 0, bm25: 0, vector: 0, recency: 0 };
       const score = scoreOf(t.id, e);
-      out.set(t.id, { id: t.id, sessionId: t.sessionId, role: t.role as "user" | "assistant", content: t.content, createdAt: t.createdAt, score, signals: e, reason, priority });
+      out.set(t.id, { id: t.id, sessionId: t.sessionId, role: t.role as "user" | "assistant", content: t.content, createdAt: t.createdAt, score, signals: e, reason, priority, ...(t.metadata ? { metadata: t.metadata } : {}) });
     };
     let priority = 0;
     // Required recent turns first: a turn is a user message and its answer.

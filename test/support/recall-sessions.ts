@@ -104,7 +104,7 @@ function chatter(r: () => number, filler: readonly string[], joiner: string): st
  * `turns` user/assistant pairs; the evidence sits in a long user message in the first 40%, the
  * distractors scattered after it, some of them in the newest turns.
  */
-export function syntheticConversation(seed: number, language: "en" | "cn", turns = 120): SyntheticConversation {
+export function syntheticConversation(seed: number, language: "en" | "cn", turns = 120, shortDistractors = 14): SyntheticConversation {
   const r = prng(seed);
   const [filler, assistant, needles, joiner] = language === "en" ? [EN_FILLER, EN_ASSISTANT, EN_NEEDLES, " "] : [CN_FILLER, CN_ASSISTANT, CN_NEEDLES, ""];
   const needle = needles[seed % needles.length]!;
@@ -116,7 +116,7 @@ export function syntheticConversation(seed: number, language: "en" | "cn", turns
   // more of the question's words per term than the long evidence message does, which is what
   // BM25's length normalisation rewards.
   const ds = needle.distractors;
-  for (let k = 0; k < 14; k++) distractorTurns.set(later(), `${ds[k % ds.length]}${joiner}${ds[(k + 1) % ds.length]}`);
+  for (let k = 0; k < shortDistractors; k++) distractorTurns.set(later(), `${ds[k % ds.length]}${joiner}${ds[(k + 1) % ds.length]}`);
   const messages: SyntheticConversation["messages"] = [];
   let evidenceAt = -1;
   for (let t = 0; t < turns; t++) {
