@@ -104,3 +104,22 @@ test("a LoCoMo file imported as history (dki memory import --as history) is reca
   expect(out.suffix.text).toContain(conv.needle.evidence);
   expect(out.suffix.tokens).toBeLessThanOrEqual(out.suffix.available);
 }, 600_000);
+
+test("recall.prompt_formatter frames a Recall v4 turn's prompt: the model's template (auto), the plain form (generic), or a built-in family format whatever the model ships", async () => {
+  const frame = async (prompt_formatter: "auto" | "generic" | "chatml" | "llama3" | "deepseek" | "glm") => {
+    const sys = await DKISystem.open({ model, dataDir: tempDir(), config: { systemPrompt: "Be brief.", recall: { enabled: true, prompt_formatter } } });
+    try {
+      return (await sys.chat("Where is the cabin?", { userId: "u", sessionId: "s", maxNewTokens: 1 })).metadata.hybridInjection.finalInput;
+    } finally {
+      await sys.close();
+    }
+  };
+  // The generated model ships ChatML: auto uses it.
+  expect(await frame("auto")).toBe("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhere is the cabin?<|im_end|>\n<|im_start|>assistant\n");
+  expect(await frame("chatml")).toBe(await frame("auto"));
+  expect(await frame("generic")).toBe("Be brief.\n\nUser: Where is the cabin?\nAssistant:");
+  const bos = model.tokenizer.bosToken ?? "";
+  expect(await frame("llama3")).toBe(`${bos}<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhere is the cabin?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n`);
+  expect(await frame("deepseek")).toBe(`${bos}Be brief.\n\n<｜User｜>Where is the cabin?<｜Assistant｜>`);
+  expect(await frame("glm")).toBe("[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhere is the cabin?<|assistant|>\n");
+}, 600_000);

@@ -76,6 +76,9 @@ describe("config", () => {
       [{ signals: { vector_treshold: 0.2 } }, /recall\.signals has no key "vector_treshold"/],
       [{ enabled: "yes" }, /recall\.enabled must be true or false/],
       [{ budget: 3 }, /recall\.budget must be an object, got 3/],
+      [{ enabled: true, prompt_formatter: "mistral" }, /prompt_formatter must be one of "auto", "generic", "chatml", "llama3", "deepseek", "glm", got "mistral"/],
+      // Without Recall v4's turns a formatter would change nothing: refused rather than ignored.
+      [{ prompt_formatter: "glm" }, /prompt_formatter "glm" frames Recall v4's turns: set recall\.enabled/],
     ];
     for (const [input, message] of bad) expect(() => resolveRecallConfig(input as never), JSON.stringify(input)).toThrow(message);
     expect(() => resolveRecallConfig({ scope: "x" } as never)).toThrow(DkiArgumentError);
@@ -267,7 +270,7 @@ describe("synthetic long conversations (200 messages, the answer in one old mess
 });
 
 describe("fact calls", () => {
-  test("detection: the generic form and the tool-call forms of ChatML/Qwen and Llama 3", () => {
+  test("detection: the generic form and the tool-call forms of ChatML/Qwen, Llama 3, DeepSeek and GLM-4", () => {
     expect(detectFactCall('Let me check. retrieve_fact(trace_id="turn_1", offset=500, limit=200)')).toEqual({ traceId: "turn_1", offset: 500, limit: 200, form: "generic" });
     expect(detectFactCall("retrieve_fact(trace_id='turn_2')")).toEqual({ traceId: "turn_2", offset: 0, form: "generic" });
     expect(detectFactCall('retrieve_fact("turn_3")')).toEqual({ traceId: "turn_3", offset: 0, form: "generic" });
@@ -277,6 +280,14 @@ describe("fact calls", () => {
     expect(detectFactCall('{"name": "search", "parameters": {"trace_id": "x"}}')).toBeNull();
     expect(detectFactCall("The answer is 4:30 pm.")).toBeNull();
     expect(detectFactCall("retrieve_fact()")).toBeNull();
+    // DeepSeek: the function named between its tool-call markers, the arguments in a json block.
+    const ds = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>retrieve_fact\n```json\n{"trace_id": "turn_7", "offset": 20, "limit": 100}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>';
+    expect(detectFactCall(ds)).toEqual({ traceId: "turn_7", offset: 20, limit: 100, form: "deepseek" });
+    expect(detectFactCall(ds.replace("retrieve_fact", "web_search"))).toBeNull();
+    // GLM-4: the function name on its own line, its arguments on the next.
+    expect(detectFactCall('I need the exact code.\nretrieve_fact\n{"trace_id": "turn_8"}')).toEqual({ traceId: "turn_8", offset: 0, form: "glm" });
+    expect(detectFactCall('retrieve_fact\n{"trace_id": ""}')).toBeNull();
+    expect(detectFactCall('You could use retrieve_fact here. {"trace_id": "turn_9"}')).toBeNull();
   });
 
   /** A generation backend that answers from a script, and records the prompts' fact segments. */

@@ -31,6 +31,7 @@ import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, toke
 import { routeMemories } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
+import { formattedTokenizer, type FormattableTokenizer } from "../recall/formatters.js";
 
 export interface DKISystemOptions extends SystemOpenOptions {
   /** Where history comes from (default: the session's recent messages, FlatHistoryProvider). */
@@ -196,10 +197,13 @@ export class DKISystem {
   ) {
     this.counter = tokenCounter(model.tokenizer);
     this.recallV4 = history instanceof RecallHistoryProvider ? history : null;
+    this.promptTok = this.recallV4 === null ? model.tokenizer : formattedTokenizer(model.tokenizer, config.recall.prompt_formatter);
   }
 
   /** The history provider when it is Recall v4 (fact calls need it). */
   private readonly recallV4: RecallHistoryProvider | null;
+  /** The tokenizer as prompts are framed with: Recall v4's prompt_formatter applied (the model's own otherwise). */
+  private readonly promptTok: FormattableTokenizer;
 
   static async open(o: DKISystemOptions): Promise<DKISystem> {
     return openSystem("DKISystem", o, async (p) => {
@@ -341,7 +345,7 @@ export class DKISystem {
     const injectionOn = opts.allowInjection !== false;
     const language: HistoryLanguage = c.historyLanguage === "auto" ? detectLanguage(query) : c.historyLanguage;
     const systemPrompt = opts.systemPrompt ?? c.systemPrompt;
-    const useTemplate = c.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null;
+    const useTemplate = c.chatTemplate === "auto" && this.promptTok.chatTemplate !== null;
     let preferences = { text: "", tokens: 0 };
     if (injectionOn && c.preferenceEnabled) {
       const prefs = (await this.store.preferences.list({ userId: opts.userId })).filter((p) => p.active);
@@ -362,7 +366,7 @@ export class DKISystem {
           preferenceTokens: preferences.tokens,
         })
       : null;
-    const rendering = buildHybridPrompt(this.model.tokenizer, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
+    const rendering = buildHybridPrompt(this.promptTok, { query, systemPrompt, history, language, useTemplate, contextSize: this.model.contextSize, generationReserve: c.generationReserve });
     // Awaited below in every case, so a failed render is never an unhandled rejection.
     rendering.catch(() => {});
     const tr = performance.now();
@@ -473,7 +477,7 @@ export class DKISystem {
 
   /** The tokens each block is encoded behind (part of its cache key). */
   private encodingPrefix(systemPrompt: string | undefined, useTemplate: boolean): number[] {
-    const tok = this.model.tokenizer;
+    const tok = this.promptTok;
     const bos = tok.bosId === null ? [] : [tok.bosId];
     const mode = this.config.encodingPrefix;
     if (mode === "none") return [];
@@ -490,7 +494,7 @@ export class DKISystem {
    */
   private async historyWindow(query: string, systemPrompt: string | undefined, language: HistoryLanguage, useTemplate: boolean): Promise<number> {
     if (this.recallV4 === null) return this.model.contextSize - this.counter.count(systemPrompt ?? "");
-    const bare = await renderPrompt(this.model.tokenizer, { query, systemPrompt, language }, useTemplate);
+    const bare = await renderPrompt(this.promptTok, { query, systemPrompt, language }, useTemplate);
     // 4: the blank line joining history and query, and tokens merging across the joins.
     return this.model.contextSize - (bare.tokens.length - this.counter.count(query)) - 4;
   }
@@ -511,7 +515,7 @@ export class DKISystem {
       {
         generateWithFacts: async (factText) => {
           const withFacts = { ...history, text: `${history.text}\n\n${factText}`, tokens: 0 };
-          const prompt = await buildHybridPrompt(this.model.tokenizer, { query, systemPrompt: plan.systemPrompt, history: withFacts, language: plan.language, useTemplate: plan.useTemplate, contextSize: this.model.contextSize, generationReserve: this.config.generationReserve });
+          const prompt = await buildHybridPrompt(this.promptTok, { query, systemPrompt: plan.systemPrompt, history: withFacts, language: plan.language, useTemplate: plan.useTemplate, contextSize: this.model.contextSize, generationReserve: this.config.generationReserve });
           return generate(prompt.tokens);
         },
       },

@@ -2,6 +2,7 @@
 // config written for the seed reads unchanged; `scope`, `signals.weights` and
 // `signals.recency_half_life` are this implementation's additions. Checked once, with errors that
 // name the key.
+import { PROMPT_FORMATTERS, type PromptFormatterName } from "./formatters.js";
 import { DkiArgumentError } from "../errors.js";
 
 export type RecallScope = "session" | "user";
@@ -49,7 +50,8 @@ export interface RecallConfig {
     max_fact_tokens: number;
     batch_size: number;
   };
-  prompt_formatter: "auto" | "generic";
+  /** How a Recall v4 turn's prompt is framed (formatters.ts). */
+  prompt_formatter: PromptFormatterName;
 }
 
 export const DEFAULT_RECALL: Readonly<RecallConfig> = Object.freeze({
@@ -140,7 +142,10 @@ export function resolveRecallConfig(input: RecallConfigInput = {}): RecallConfig
   count("fact_call.max_rounds", c.fact_call.max_rounds, 0);
   count("fact_call.max_fact_tokens", c.fact_call.max_fact_tokens, 1);
   count("fact_call.batch_size", c.fact_call.batch_size, 1);
-  choice("prompt_formatter", c.prompt_formatter, ["auto", "generic"], ["deepseek", "glm"]);
+  choice("prompt_formatter", c.prompt_formatter, PROMPT_FORMATTERS);
+  // It frames Recall v4's turns only: set without them it would change nothing, without a word.
+  if (c.prompt_formatter !== "auto" && (!c.enabled || c.strategy !== "summary_with_fact_call"))
+    throw new DkiArgumentError(`config.recall.prompt_formatter ${shown(c.prompt_formatter)} frames Recall v4's turns: set recall.enabled (strategy "summary_with_fact_call") with it, or leave it "auto"`);
   return c;
 }
 

@@ -4,7 +4,10 @@
 //   detectFactCall  the generic text form `retrieve_fact(trace_id="…", offset=0, limit=500)` and
 //                   the tool-call forms of the chat templates: ChatML / Qwen
 //                   `<tool_call>{"name": "retrieve_fact", "arguments": {…}}</tool_call>` and
-//                   Llama 3 `{"name": "retrieve_fact", "parameters": {…}}` (after <|python_tag|> or bare)
+//                   Llama 3 `{"name": "retrieve_fact", "parameters": {…}}` (after <|python_tag|> or bare),
+//                   DeepSeek `<｜tool▁call▁begin｜>function<｜tool▁sep｜>retrieve_fact` and its
+//                   arguments in a ```json block, GLM-4 `retrieve_fact` on a line of its own and
+//                   its arguments as JSON on the next
 //   FactRetriever   the original text through the store, scoped to the turn's user (and session,
 //                   by scope): another user's trace id reads as not found; long text in chunks
 //   runFactCallLoop at most max_rounds rounds and max_fact_tokens fact tokens in all
@@ -19,10 +22,13 @@ export interface FactRequest {
   offset: number;
   /** Characters at most (default: the rest). */
   limit?: number;
-  form: "generic" | "tool_call" | "json";
+  form: "generic" | "tool_call" | "json" | "deepseek" | "glm";
 }
 
 const GENERIC = /retrieve_fact\s*\(([^)]*)\)/u;
+// The two forms that name the function first and give its arguments after it, as a JSON object.
+const DEEPSEEK = /<｜tool▁call▁begin｜>[^<｜]*<｜tool▁sep｜>\s*retrieve_fact\b/u;
+const GLM = /(?:^|\n)[ \t]*retrieve_fact[ \t]*\n\s*(?=\{)/u;
 const ARG = /(\w+)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^,\s)]+))/gu;
 
 /** The first fact call in a model's output, or null. */
@@ -30,6 +36,14 @@ export function detectFactCall(output: string): FactRequest | null {
   const tool = /<tool_call>\s*([\s\S]*?)\s*<\/tool_call>/u.exec(output);
   if (tool) {
     const r = fromJson(tool[1]!, "tool_call");
+    if (r) return r;
+  }
+  for (const [pattern, form] of [[DEEPSEEK, "deepseek"], [GLM, "glm"]] as const) {
+    const m = pattern.exec(output);
+    const at = m ? output.indexOf("{", m.index + m[0].length) : -1;
+    const json = at >= 0 ? balanced(output, at) : null;
+    if (json === null) continue;
+    const r = argumentsOf(json, form);
     if (r) return r;
   }
   for (let at = output.indexOf("{"); at >= 0; at = output.indexOf("{", at + 1)) {
@@ -71,6 +85,18 @@ function fromJson(text: string, form: FactRequest["form"]): FactRequest | null {
   if (args === null || typeof args !== "object") return null;
   const a = args as Record<string, unknown>;
   return request(a.trace_id, a.offset, a.limit, form);
+}
+
+/** A request from a JSON object of the arguments alone ({"trace_id": …, "offset": …}). */
+function argumentsOf(json: string, form: FactRequest["form"]): FactRequest | null {
+  try {
+    const a: unknown = JSON.parse(json);
+    if (a === null || typeof a !== "object" || Array.isArray(a)) return null;
+    const o = a as Record<string, unknown>;
+    return request(o.trace_id, o.offset, o.limit, form);
+  } catch {
+    return null;
+  }
 }
 
 function request(traceId: unknown, offset: unknown, limit: unknown, form: FactRequest["form"]): FactRequest | null {

@@ -6,3 +6,4 @@ export { extractiveSummary, salientFacts, clipToTokens, type ExtractiveSummary }
 export { SuffixBuilder, CONSTRAINT_INSTRUCTIONS, type AssembledSuffix, type SuffixItem, type SuffixRequest } from "./suffix.js";
 export { detectFactCall, FactRetriever, formatFact, runFactCallLoop, type FactRequest, type FactChunk, type FactScope, type FactCallBackend, type FactCallRound, type FactLoopResult, type FactLoopOptions, type GenerationOutput } from "./facts.js";
 export { RecallHistoryProvider, type RecallOutcome, type RecallQuery } from "./provider.js";
+export { BUILTIN_FORMATS, PROMPT_FORMATTERS, formattedTokenizer, type BuiltinFormat, type FormattableTokenizer, type PromptFormatterName } from "./formatters.js";
