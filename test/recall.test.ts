@@ -6,6 +6,8 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
+import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
+import type { Embedder } from "../src/memory/types.js";
 import { formatHistory, tokenCounter, type TokenCounter } from "../src/dki/prompt.js";
 import {
   DEFAULT_RECALL,
@@ -25,6 +27,9 @@ import { DkiArgumentError } from "../src/errors.js";
 import { tempDir } from "./support/paths.js";
 import { prng } from "./support/prng.js";
 import { syntheticConversation, type SyntheticConversation } from "./support/recall-sessions.js";
+import { locomoSample } from "./support/conversation-samples.js";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 
 let counter: TokenCounter;
 let store: MemoryStore;
@@ -140,6 +145,76 @@ describe("signals", () => {
     expect(r.messages.find((m) => m.id === z)!.signals.keyword).toBe(1);
     await store.eraseUser("later");
     expect((await recaller.recall({ query: "zebra", userId: "later", sessionId: "s" })).messages).toEqual([]);
+  });
+});
+
+/** `inner`, counting the texts it embeds. */
+function counting(inner: Embedder): Embedder & { texts: number } {
+  const e = { id: inner.id, dim: inner.dim, relevanceThreshold: inner.relevanceThreshold, texts: 0, embed: async (texts: string[]) => ((e.texts += texts.length), inner.embed(texts)) };
+  return e;
+}
+
+describe("message vectors", () => {
+  test("made when a turn is recorded or imported and kept in the store; recall reads them instead of embedding again (another embedder's are not used); a blank message has none and is not recalled; erased with the user", async () => {
+    const hashing = new HashingEmbedder();
+    const embedder = counting(hashing);
+    const s = await MemoryStore.open({ dir: tempDir(), embedder });
+    try {
+      const ids: string[] = [];
+      const texts: string[] = [];
+      for (let i = 0; i < 5; i++) {
+        // The last answer was aborted before its first token: recorded empty.
+        const [query, response] = [`Question ${i} about the lake cabin and its wifi`, i === 4 ? "" : `Answer number ${i} about the cabin`];
+        const r = await s.conversations.recordTurn({ userId: "v", sessionId: "s", query, response, injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
+        ids.push(r.userTurn.id, r.assistantTurn.id);
+        texts.push(query, response);
+      }
+      expect(embedder.texts).toBe(9);
+      const stored = await s.conversations.vectors(ids, { userId: "v" });
+      expect(stored.embedderId).toBe(hashing.id);
+      expect(stored.vectors.slice(0, 9)).toEqual(await hashing.embed(texts.slice(0, 9)));
+      expect(stored.vectors[9]).toBeUndefined();
+      // Scoped by user like every read: another user's ids read as none.
+      expect((await s.conversations.vectors(ids, { userId: "w" })).vectors.every((v) => v === undefined)).toBe(true);
+
+      embedder.texts = 0;
+      const r = await new MultiSignalRecall(s, embedder, config()).recall({ query: "lake cabin wifi", userId: "v", sessionId: "s" });
+      expect(embedder.texts).toBe(1); // the query alone
+      expect(r.messages.map((m) => m.id)).not.toContain(ids[9]);
+      expect(r.messages.length).toBeGreaterThan(0);
+      const other = counting(new HashingEmbedder({ dim: 256 }));
+      await new MultiSignalRecall(s, other, config()).recall({ query: "lake cabin wifi", userId: "v", sessionId: "s" });
+      expect(other.texts).toBe(9 + 1);
+
+      const file = join(tempDir(), "locomo.json");
+      writeFileSync(file, JSON.stringify(locomoSample()));
+      await s.importConversations(file, { as: "history" });
+      const imported = await s.conversations.listUser({ userId: "conv-26" });
+      const iv = await s.conversations.vectors(imported.map((t) => t.id), { userId: "conv-26" });
+      expect(iv.vectors).toEqual(await hashing.embed(imported.map((t) => t.content)));
+
+      await s.eraseUser("v");
+      expect((await s.conversations.vectors(ids, { userId: "v" })).vectors.every((v) => v === undefined)).toBe(true);
+    } finally {
+      await s.close();
+    }
+  });
+
+  test("a store re-embedded with another embedder re-embeds its messages too: no vector of the previous one is left", async () => {
+    const dir = tempDir();
+    const first = await MemoryStore.open({ dir });
+    const r = await first.conversations.recordTurn({ userId: "v", sessionId: "s", query: "The cabin wifi password is maple-42.", response: "Noted.", injectionMode: "none", memoryIds: [], latencyMs: 1, auditAction: "test" });
+    await first.memories.add("a memory too", { userId: "v" });
+    await first.close();
+    const e256 = new HashingEmbedder({ dim: 256 });
+    const again = await MemoryStore.open({ dir, embedder: e256, reembed: true });
+    try {
+      const got = await again.conversations.vectors([r.userTurn.id, r.assistantTurn.id], { userId: "v" });
+      expect(got.embedderId).toBe(e256.id);
+      expect(got.vectors).toEqual(await e256.embed(["The cabin wifi password is maple-42.", "Noted."]));
+    } finally {
+      await again.close();
+    }
   });
 });
 

@@ -157,6 +157,8 @@ interface Tables {
   vectors: Database<Buffer, Key>;
   prefs: Database<Preference, Key>;
   turns: Database<ConversationTurn, Key>;
+  /** Each message's vector (the store's embedder), made when it is recorded: Recall v4 reads them. */
+  turnVectors: Database<Buffer, Key>;
   audit: Database<AuditEntry, Key>;
   history: Database<string, Key>;
   indexState: Database<SavedIndex, string>;
@@ -173,6 +175,7 @@ function openTables(env: RootDatabase, file: string): Tables {
     vectors: env.openDB<Buffer, Key>({ name: "vectors", encoding: "binary" }),
     prefs: env.openDB<Preference, Key>(json("preferences")),
     turns: env.openDB<ConversationTurn, Key>(json("turns")),
+    turnVectors: env.openDB<Buffer, Key>({ name: "turn_vectors", encoding: "binary" }),
     audit: env.openDB<AuditEntry, Key>(json("audit")),
     history: env.openDB<string, Key>(json("history")),
     indexState: env.openDB<SavedIndex, string>(json("index_state")),
@@ -300,9 +303,14 @@ export class MemoryStore implements MemoryStoreApi {
     };
     this.conversations = {
       list: async (scope) => this.listTurns(scope),
-      recordTurn: async (turn) => this.recordTurn(turn),
+      recordTurn: async (turn) => {
+        // Both messages embedded before the write, in it with them (bad input is refused by recordTurn).
+        const texts = typeof turn?.query === "string" && typeof turn.response === "string" ? [turn.query, turn.response] : null;
+        return this.recordTurn(turn, texts === null ? null : await this.embedMessages(texts));
+      },
       get: async (id, scope) => this.getTurn(id, scope),
       listUser: async (scope) => this.listUserTurns(scope),
+      vectors: async (ids, scope) => this.turnVectors(ids, scope),
     };
     this.audit = { list: async (scope) => this.listAudit(scope) };
   }
@@ -418,10 +426,16 @@ export class MemoryStore implements MemoryStoreApi {
       createdAt: now,
       metadata: checkMetadata(t.metadata),
     }));
+    const vectors = await this.embedMessages(messages.map((m) => m.content));
+    this.checkOpen();
     this.env.transactionSync(() => {
+      this.checkEmbedder();
       this.ensureUser(userId, now);
       for (const s of new Set(messages.map((m) => m.sessionId))) this.touchSession(userId, s, now);
-      for (const m of messages) this.db.turns.putSync([userId, m.sessionId, m.id], m);
+      messages.forEach((m, i) => {
+        this.db.turns.putSync([userId, m.sessionId, m.id], m);
+        if (vectors[i] !== undefined) this.db.turnVectors.putSync([userId, m.id], checkedVectorBytes(vectors[i]));
+      });
       this.writeAudit({ action: "history_import", userId, memoryIds: [], metadata: { messages: messages.length } }, now, false);
     });
     return messages.length;
@@ -686,7 +700,19 @@ export class MemoryStore implements MemoryStoreApi {
     return undefined;
   }
 
-  private recordTurn(turn: TurnRecord): { userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry } {
+  /** The messages' stored vectors, by id (undefined: none, e.g. a turn recorded before vectors were kept). */
+  private turnVectors(ids: string[], scope: { userId: string }): { embedderId: string; vectors: (Float32Array | undefined)[] } {
+    this.checkOpen();
+    const userId = checkId("userId", scope?.userId);
+    if (!Array.isArray(ids)) throw new DkiArgumentError("conversations.vectors: ids must be an array of turn ids");
+    const vectors = ids.map((id) => {
+      const bytes = typeof id === "string" && id !== "" ? this.db.turnVectors.getBinary([userId, id]) : undefined;
+      return bytes === undefined ? undefined : readCheckedVector(bytes, this.embedder.dim, join(this.dir, STORE_FILE), `message ${id} of user ${JSON.stringify(userId)}`);
+    });
+    return { embedderId: this.embedder.id, vectors };
+  }
+
+  private recordTurn(turn: TurnRecord, vectors: (Float32Array | undefined)[] | null): { userTurn: ConversationTurn; assistantTurn: ConversationTurn; audit: AuditEntry } {
     this.checkOpen();
     if (typeof turn !== "object" || turn === null) throw new DkiArgumentError("recordTurn: expected a TurnRecord object");
     const userId = checkId("userId", turn.userId);
@@ -716,10 +742,13 @@ export class MemoryStore implements MemoryStoreApi {
       createdAt: now,
     };
     const audit = this.env.transactionSync(() => {
+      this.checkEmbedder();
       this.ensureUser(userId, now);
       this.touchSession(userId, sessionId, now);
       this.db.turns.putSync([userId, sessionId, userTurn.id], userTurn);
       this.db.turns.putSync([userId, sessionId, assistantTurn.id], assistantTurn);
+      if (vectors?.[0] !== undefined) this.db.turnVectors.putSync([userId, userTurn.id], checkedVectorBytes(vectors[0]));
+      if (vectors?.[1] !== undefined) this.db.turnVectors.putSync([userId, assistantTurn.id], checkedVectorBytes(vectors[1]));
       return this.writeAudit({ action: auditAction, userId, sessionId, memoryIds: [...turn.memoryIds], ...alpha, mode: injectionMode, metadata: auditMetadata }, now, false);
     });
     return { userTurn, assistantTurn, audit };
@@ -766,6 +795,7 @@ export class MemoryStore implements MemoryStoreApi {
       removeAll(this.db.vectors);
       const preferences = removeAll(this.db.prefs);
       const turns = removeAll(this.db.turns);
+      removeAll(this.db.turnVectors);
       const auditEntries = removeAll(this.db.audit);
       removeAll(this.db.history);
       removeAll(this.db.sessions);
@@ -867,6 +897,14 @@ export class MemoryStore implements MemoryStoreApi {
 
   private checkOpen(): void {
     if (this.closed) throw new MemoryStoreError(`the memory store ${this.dir} is closed`);
+  }
+
+  /** Messages' vectors; none for a blank message (an aborted answer may be empty), which recall skips. */
+  private async embedMessages(texts: string[]): Promise<(Float32Array | undefined)[]> {
+    const blank = (t: string) => t.trim() === "";
+    const made = await this.embed(texts.filter((t) => !blank(t)));
+    let next = 0;
+    return texts.map((t) => (blank(t) ? undefined : made[next++]));
   }
 
   private async embed(texts: string[]): Promise<Float32Array[]> {
@@ -980,7 +1018,10 @@ export class MemoryStore implements MemoryStoreApi {
    */
   private async reembedAll(previous: { id: string; dim: number }, onProgress?: (done: number, total: number) => void): Promise<void> {
     const done = new Map<string, { text: string; vector: Float32Array }>();
+    // Messages are never changed once written: their vectors by [user, turn id].
+    const doneTurns = new Map<string, Float32Array | undefined>();
     const keyOf = (key: Key) => JSON.stringify(key);
+    const turnsNow = () => [...this.db.turns.getRange().map((e) => ({ key: [e.value.userId, e.value.id] as Key, text: e.value.content }))];
     for (let round = 0; ; round++) {
       const all = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
       const todo = all.filter((m) => done.get(keyOf(m.key))?.text !== m.text);
@@ -991,13 +1032,23 @@ export class MemoryStore implements MemoryStoreApi {
         batch.forEach((m, j) => done.set(keyOf(m.key), { text: m.text, vector: vectors[j] }));
         if (round === 0) onProgress?.(Math.min(i + EMBED_BATCH, todo.length), todo.length);
       }
+      const turnsTodo = turnsNow().filter((t) => !doneTurns.has(keyOf(t.key)));
+      const turnVectors = await this.embedMessages(turnsTodo.map((t) => t.text));
+      turnsTodo.forEach((t, j) => doneTurns.set(keyOf(t.key), turnVectors[j]));
       const now = Date.now();
       const switched = this.env.transactionSync(() => {
         const current = [...this.db.memories.getRange().map((e) => ({ key: e.key, text: e.value.text }))];
         if (current.some((m) => done.get(keyOf(m.key))?.text !== m.text)) return false;
-        // Vectors of the previous embedder must not survive anywhere, so the whole table is rewritten.
+        const currentTurns = turnsNow();
+        if (currentTurns.some((t) => !doneTurns.has(keyOf(t.key)))) return false;
+        // Vectors of the previous embedder must not survive anywhere, so the whole tables are rewritten.
         for (const key of [...this.db.vectors.getKeys()]) this.db.vectors.removeSync(key);
         for (const m of current) this.db.vectors.putSync(m.key, checkedVectorBytes(done.get(keyOf(m.key))!.vector));
+        for (const key of [...this.db.turnVectors.getKeys()]) this.db.turnVectors.removeSync(key);
+        for (const t of currentTurns) {
+          const v = doneTurns.get(keyOf(t.key));
+          if (v !== undefined) this.db.turnVectors.putSync(t.key, checkedVectorBytes(v));
+        }
         for (const userId of this.db.users.getKeys()) this.bumpUser(userId, now);
         for (const key of [...this.db.indexState.getKeys()]) this.db.indexState.removeSync(key);
         this.db.meta.putSync("embedder", { id: this.embedder.id, dim: this.embedder.dim });

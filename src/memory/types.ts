@@ -163,6 +163,11 @@ export interface MemoryStoreApi {
     get(id: string, scope: { userId: string; sessionId?: string }): Promise<ConversationTurn | undefined>;
     /** Every turn of the user across sessions, oldest first. */
     listUser(scope: { userId: string }): Promise<ConversationTurn[]>;
+    /**
+     * The messages' vectors by turn id, made by the store's embedder (named) when each was
+     * recorded; undefined for one it has none of (recorded before the store kept them).
+     */
+    vectors(ids: string[], scope: { userId: string }): Promise<{ embedderId: string; vectors: (Float32Array | undefined)[] }>;
   };
   readonly audit: {
     list(scope: { userId: string; sessionId?: string; action?: string }): Promise<AuditEntry[]>;

@@ -1,13 +1,18 @@
 // A user's conversation messages, indexed for recall: BM25 and per-term document sets over the
 // messages' terms (text-terms.ts, CJK-aware), and their vectors (the store's embedder) in an exact
 // FlatIndex. Derived data, kept in memory: the store's conversation records are the truth, and
-// sync() brings the index in step with them before every recall (messages new to it embedded in
-// one batch, messages gone from the store dropped), so a missing or stale index is never read.
+// sync() brings the index in step with them before every recall (messages new to it take the
+// vectors the store made when they were recorded, and only those it has none of are embedded
+// here, in one batch; messages gone from the store are dropped), so a missing or stale index is
+// never read.
 import type { ConversationTurn, Embedder } from "../memory/types.js";
 import { Bm25Index } from "../memory/retrieval/bm25.js";
 import { FlatIndex } from "../memory/retrieval/flat-index.js";
 import { terms } from "../memory/text-terms.js";
 import { HISTORY_MARKERS } from "../dki/prompt.js";
+
+/** The store's vectors of messages, by turn id, and the embedder that made them. */
+export type StoredVectors = (ids: string[]) => Promise<{ embedderId: string; vectors: (Float32Array | undefined)[] }>;
 
 export interface IndexedMessage {
   turn: ConversationTurn;
@@ -53,22 +58,31 @@ export class MessageIndex {
 
   /**
    * Brings the index in step with the user's turns as the store lists them (oldest first). Only
-   * user and assistant messages count, and none holding a history-template marker (seed 003 §7.2:
+   * user and assistant messages with text count, and none holding a history-template marker (seed 003 §7.2:
    * an echoed suffix must not be recalled into the next one).
    */
-  async sync(turns: readonly ConversationTurn[]): Promise<{ added: number; removed: number }> {
-    const live = turns.filter((t) => (t.role === "user" || t.role === "assistant") && !HISTORY_MARKERS.some((m) => t.content.includes(m)));
+  async sync(turns: readonly ConversationTurn[], stored?: StoredVectors): Promise<{ added: number; removed: number; embedded: number }> {
+    // A blank message (an answer aborted before its first token) has nothing to recall, and no vector.
+    const live = turns.filter((t) => (t.role === "user" || t.role === "assistant") && t.content.trim() !== "" && !HISTORY_MARKERS.some((m) => t.content.includes(m)));
     const liveIds = new Set(live.map((t) => t.id));
     let removed = 0;
     for (const id of [...this.byId.keys()]) if (!liveIds.has(id)) this.remove(id), removed++;
     const fresh = live.filter((t) => !this.byId.has(t.id));
-    if (fresh.length > 0) {
-      const vectors = await this.embedder.embed(fresh.map((t) => t.content));
-      if (vectors.length !== fresh.length) throw new Error(`embedder ${this.embedder.id} returned ${vectors.length} vectors for ${fresh.length} messages`);
-      fresh.forEach((t, i) => this.add(t, vectors[i]!));
+    const vectors: (Float32Array | undefined)[] = new Array(fresh.length).fill(undefined);
+    if (fresh.length > 0 && stored !== undefined) {
+      // Another embedder's vectors (a store opened with another one) are not comparable: unused.
+      const s = await stored(fresh.map((t) => t.id));
+      if (s.embedderId === this.embedder.id) s.vectors.forEach((v, i) => (vectors[i] = v?.length === this.embedder.dim ? v : undefined));
     }
+    const missing = fresh.flatMap((t, i) => (vectors[i] === undefined ? [i] : []));
+    if (missing.length > 0) {
+      const made = await this.embedder.embed(missing.map((i) => fresh[i]!.content));
+      if (made.length !== missing.length) throw new Error(`embedder ${this.embedder.id} returned ${made.length} vectors for ${missing.length} messages`);
+      missing.forEach((i, j) => (vectors[i] = made[j]));
+    }
+    fresh.forEach((t, i) => this.add(t, vectors[i]!));
     this.order = live.map((t) => this.byId.get(t.id)!);
-    return { added: fresh.length, removed };
+    return { added: fresh.length, removed, embedded: missing.length };
   }
 
   private add(turn: ConversationTurn, vector: Float32Array): void {

@@ -100,7 +100,7 @@ export class MultiSignalRecall {
   async index(userId: string): Promise<MessageIndex> {
     let ix = this.indexes.get(userId);
     if (ix === undefined) this.indexes.set(userId, (ix = new MessageIndex(this.embedder)));
-    await ix.sync(await this.store.conversations.listUser({ userId }));
+    await ix.sync(await this.store.conversations.listUser({ userId }), (ids) => this.store.conversations.vectors(ids, { userId }));
     return ix;
   }
 
