@@ -51,7 +51,7 @@ export async function prepareTurns(flags: TurnFlags, command: "chat" | "rag"): P
 }
 
 /** The model's load options from the flags. */
-export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
+export const loadOptions = (flags: Pick<TurnFlags, "threads" | "contextSize" | "device">) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
 
 /** The settings the flags give the system's config (those not given keep the config's defaults). */
 export function turnConfig(flags: TurnFlags): DKIConfigInput {

@@ -366,7 +366,7 @@ export class DKISystem {
     // Awaited below in every case, so a failed render is never an unhandled rejection.
     rendering.catch(() => {});
     const tr = performance.now();
-    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? c.maxMemories }) : [];
     lat.routingMs = performance.now() - tr;
     const prompt = await rendering;
     const prefix = this.encodingPrefix(systemPrompt, useTemplate);
