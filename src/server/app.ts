@@ -67,7 +67,8 @@ export function createServer(o: ServerOptions = {}): DkiServer {
 
   // JSON bodies must be UTF-8: a body with bytes that are not is refused, not read with U+FFFD.
   const parseJson = app.getDefaultJsonParser("error", "error");
-  app.removeContentTypeParser("application/json");
+  // Only JSON is read: a text/plain body (Fastify's other default) is refused with 415.
+  app.removeContentTypeParser(["application/json", "text/plain"]);
   app.addContentTypeParser("application/json", { parseAs: "buffer" }, (request, raw, done) => {
     const bytes = raw as Buffer;
     let text: string;
