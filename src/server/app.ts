@@ -128,11 +128,15 @@ export function createServer(o: ServerOptions = {}): DkiServer {
       const wasReady = ctx.phase === "ready";
       ctx.phase = "stopping";
       const timer = setTimeout(() => ctx.shutdown.abort(new ApiError(503, "service_unavailable", "the server shut down", null, "shutting_down")), c.drainMs ?? 30_000);
+      // A keep-alive connection whose last answer ends during the drain would otherwise hold the
+      // listener open until its keep-alive timeout: closed as soon as it is idle.
+      const idle = setInterval(() => app.server.closeIdleConnections(), 50);
       try {
         await stopped;
         if (wasReady) await ctx.systemsIfLoaded?.close();
       } finally {
         clearTimeout(timer);
+        clearInterval(idle);
       }
     })();
     return closing;
