@@ -6,7 +6,7 @@ import { readFile } from "node:fs/promises";
 import type { Command } from "commander";
 import type { Device } from "../engine/model.js";
 import { defaultCacheDir } from "../dki/open.js";
-import type { DKIConfigInput } from "../dki/config.js";
+import { resolveConfig, type DKIConfigInput } from "../dki/config.js";
 import { createServer, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE } from "../server/app.js";
 import { ApiKeys } from "../server/auth.js";
 import { ServerSystems } from "../server/systems.js";
@@ -50,11 +50,19 @@ async function configFile(path: string): Promise<DKIConfigInput> {
 
 async function serve(flags: ServeFlags): Promise<void> {
   await checkModelPath(flags.model, "--model");
-  if (!flags.init) checkStoreExists(flags.data);
+  if (!flags.init) {
+    try {
+      checkStoreExists(flags.data);
+    } catch (e) {
+      throw new Error(`${(e as Error).message}; or give --init to start an empty one`);
+    }
+  }
   await checkCacheFolder(flags.cache ?? defaultCacheDir(flags.data), flags.cache === undefined ? "the K/V cache folder" : "--cache");
   const config = flags.config === undefined ? undefined : await configFile(flags.config);
-  const keys = flags.apiKeyFile === undefined ? undefined : await ApiKeys.load(flags.apiKeyFile);
   const embedder = await embedderOption(flags.embedder);
+  // Checked before listening: a bad setting is a usage error, not a server that never gets ready.
+  resolveConfig(config, embedder);
+  const keys = flags.apiKeyFile === undefined ? undefined : await ApiKeys.load(flags.apiKeyFile);
   if (keys === undefined && !LOOPBACK.has(flags.host)) process.stderr.write(`dki: warning: listening on ${flags.host} without --api-key-file: anyone who reaches it may act for any user\n`);
 
   const server = createServer({ keys, maxQueue: flags.maxQueue, bodyLimit: flags.bodyLimit, turnTimeoutMs: flags.turnTimeout * 1000, corsOrigins: flags.corsOrigin, logger: flags.log ? { level: "info" } : false });
