@@ -104,6 +104,12 @@ describe("dki serve: the openai client", () => {
     const forced = (await client.chat.completions.create({ model: "tiny", user: "alice", max_tokens: 2, messages: [{ role: "system", content: "Be brief." }, { role: "user", content: QUERY }], ...{ dki: { alpha: 0.5, max_memories: 1 } } })) as WithDki<OpenAI.ChatCompletion>;
     expect(forced.dki.gate).toMatchObject({ forced: true, alpha: 0.5 });
     expect(forced.dki.memories[0].alpha).toBe(0.5);
+    // τ per turn: above every relevance nothing is injected; at 0 the memory clears the gate.
+    const shut = (await client.chat.completions.create({ model: "tiny", user: "alice", max_tokens: 1, messages: [{ role: "user", content: QUERY }], ...{ dki: { tau: 1 } } })) as WithDki<OpenAI.ChatCompletion>;
+    expect(shut.dki.memories).toEqual([]);
+    expect(shut.dki.gate?.reason).toMatch(/1\.000/);
+    const open = (await client.chat.completions.create({ model: "tiny", user: "alice", max_tokens: 1, messages: [{ role: "user", content: QUERY }], ...{ dki: { tau: 0 } } })) as WithDki<OpenAI.ChatCompletion>;
+    expect(open.dki.memories.map((m) => m.id)).toEqual([memId]);
     // bob's turn never sees alice's memory.
     const bob = (await client.chat.completions.create({ model: "tiny", user: "bob", max_tokens: 2, messages: [{ role: "user", content: QUERY }], ...{ dki: { alpha: 1 } } })) as WithDki<OpenAI.ChatCompletion>;
     expect(bob.dki.memories.map((m) => m.text)).toEqual(["Bob keeps bees in Provence."]);
@@ -146,6 +152,7 @@ describe("dki serve: the openai client", () => {
     await expect(client.chat.completions.create({ model: "tiny", max_tokens: 1_000_000, messages: [{ role: "user", content: "hi" }] })).rejects.toMatchObject({ status: 400, param: "max_tokens", code: "max_tokens_too_large" });
     await expect(client.chat.completions.create({ model: "tiny", temperature: 7, messages: [{ role: "user", content: "hi" }] })).rejects.toMatchObject({ status: 400, param: "temperature" });
     await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "hi" }], ...{ dki: { mode: "rag", alpha: 0.5 } } })).rejects.toMatchObject({ status: 400, param: "dki.alpha" });
+    await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "hi" }], ...{ dki: { alpha: 0.5, tau: 0.2 } } })).rejects.toMatchObject({ status: 400, param: "dki.tau" });
   });
 });
 

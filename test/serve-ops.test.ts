@@ -143,7 +143,7 @@ describe("dki serve: bad requests get clean 4xx answers", () => {
     ["invalid UTF-8", { raw: Buffer.concat([Buffer.from('{"model": "tiny", "messages": [{"role": "user", "content": "caf'), Buffer.from([0xc3, 0x28]), Buffer.from('"}]}')]) }, 400, "invalid_utf8"],
     ["an oversized body", { raw: JSON.stringify(chat({ messages: [{ role: "user", content: "x".repeat(70 * 1024) }] })) }, 413, "body_too_large"],
     ["an unknown field", { body: chat({ logit_bias: { 1: 2 } }) }, 400, "unknown_field"],
-    ["an unknown field in dki", { body: chat({ dki: { tau: 0.3 } }) }, 400, "unknown_field"],
+    ["an unknown field in dki", { body: chat({ dki: { beta: 0.3 } }) }, 400, "unknown_field"],
     ["huge max_tokens", { body: chat({ max_tokens: 2 ** 31 }) }, 400, "max_tokens_too_large"],
     ["a wrong type", { body: chat({ max_tokens: "5" }) }, 400, "invalid_value"],
     ["n > 1", { body: chat({ n: 2 }) }, 400, "invalid_value"],
@@ -163,7 +163,7 @@ describe("dki serve: bad requests get clean 4xx answers", () => {
   });
 
   test("the field at fault is named in param", async () => {
-    expect((await call(r.url, "POST", "/v1/chat/completions", { body: chat({ dki: { tau: 0.3 } }) })).json).toMatchObject({ error: { param: "dki.tau" } });
+    expect((await call(r.url, "POST", "/v1/chat/completions", { body: chat({ dki: { beta: 0.3 } }) })).json).toMatchObject({ error: { param: "dki.beta" } });
     expect((await call(r.url, "POST", "/v1/chat/completions", { body: chat({ temperature: -1 }) })).json).toMatchObject({ error: { param: "temperature" } });
     expect((await call(r.url, "POST", "/v1/chat/completions", { body: { messages: [{ role: "user", content: "hi" }] } })).json).toMatchObject({ error: { param: "model" } });
     expect((await call(r.url, "GET", "/v1/nope")).json).toMatchObject({ error: { code: "unknown_route" } });

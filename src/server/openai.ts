@@ -59,7 +59,7 @@ const chatSchema = {
     dki: {
       type: "object",
       additionalProperties: false,
-      properties: { session: id, mode: { enum: ["dki", "rag", "none"] }, alpha: { type: "number", minimum: 0, maximum: 1 }, max_memories: { type: "integer", minimum: 0, maximum: MAX_MEMORIES_PER_TURN } },
+      properties: { session: id, mode: { enum: ["dki", "rag", "none"] }, alpha: { type: "number", minimum: 0, maximum: 1 }, tau: { type: "number", minimum: 0, maximum: 1 }, max_memories: { type: "integer", minimum: 0, maximum: MAX_MEMORIES_PER_TURN } },
     },
   },
 } as const;
@@ -100,7 +100,7 @@ interface ChatBody extends SamplingBody {
   model: string;
   messages: { role: "system" | "developer" | "user" | "assistant"; content: Content; name?: string }[];
   max_completion_tokens?: number;
-  dki?: { session?: string; mode?: Mode; alpha?: number; max_memories?: number };
+  dki?: { session?: string; mode?: Mode; alpha?: number; tau?: number; max_memories?: number };
 }
 interface CompletionBody extends SamplingBody {
   model: string;
@@ -352,7 +352,8 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
     const { query, systemPrompt } = turnInput(b.messages);
     const user = ctx.turnUser(request, b.user);
     const mode: Mode = b.dki?.mode ?? "dki";
-    if (b.dki?.alpha !== undefined && mode !== "dki") throw badRequest(`dki.alpha applies to mode "dki" only (this request's mode is "${mode}")`, "dki.alpha");
+    for (const k of ["alpha", "tau"] as const) if (b.dki?.[k] !== undefined && mode !== "dki") throw badRequest(`dki.${k} applies to mode "dki" only (this request's mode is "${mode}")`, `dki.${k}`);
+    if (b.dki?.tau !== undefined && b.dki.alpha !== undefined) throw badRequest("dki.tau is the gate's threshold: it does nothing with dki.alpha, which bypasses the gate", "dki.tau");
     const maxNewTokens = maxTokensOf(b, b.max_completion_tokens !== undefined ? "max_completion_tokens" : "max_tokens");
     const session = b.dki?.session ?? `api-${randomUUID()}`;
     const id = `chatcmpl-${randomUUID()}`;
@@ -366,7 +367,7 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
           onText(t);
         };
         const common = { userId: user, sessionId: session, maxNewTokens, sampling: samplingOf(b), stop: stopOf(b), onToken, signal, systemPrompt, maxMemories: b.dki?.max_memories };
-        const r = mode === "rag" ? await s.rag.chat(query, common) : await s.dki.chat(query, { ...common, forceAlpha: b.dki?.alpha, allowInjection: mode !== "none" });
+        const r = mode === "rag" ? await s.rag.chat(query, common) : await s.dki.chat(query, { ...common, forceAlpha: b.dki?.alpha, relevanceThreshold: b.dki?.tau, allowInjection: mode !== "none" });
         const serverTtft = (firstAt || performance.now()) - t0;
         const dki = dkiInfoOf(mode, user, session, r, serverTtft);
         const m = ctx.metrics;
