@@ -2,6 +2,7 @@
 // Prometheus metrics, the bounded queue's 429 with Retry-After, a client that disconnects
 // aborting its own turn only (nothing recorded), and bad requests answered with clean 4xx errors:
 // malformed JSON, an oversized body, invalid UTF-8, unknown fields, huge max_tokens.
+import { request as httpRequest, type IncomingMessage } from "node:http";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
@@ -122,6 +123,44 @@ describe("dki serve: under load", () => {
     expect((await call(r.url, "GET", "/v1/sessions/left-early/messages?user_id=alice")).status).toBe(404);
     const next = await call(r.url, "POST", "/v1/chat/completions", { body: { model: "tiny", user: "bob", max_tokens: 2, messages: [{ role: "user", content: "hi" }] } });
     expect(next.status).toBe(200);
+  });
+});
+
+describe("dki serve: slow readers and timeouts", () => {
+  test("a client that never reads its stream does not hold the model: another user is answered, and the unread turn is recorded", async () => {
+    const r = await startServer(model, data, { maxQueue: 4 });
+    const body = JSON.stringify({ model: "tiny", user: "alice", max_tokens: LONG, stream: true, messages: [{ role: "user", content: "Tell me a long story." }], dki: { session: "never-read" } });
+    // A raw request whose response is paused and never read: the socket's buffers fill up.
+    const req = httpRequest(`${r.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" } });
+    const response = new Promise<IncomingMessage>((resolve) => req.on("response", (res) => resolve(res)));
+    req.end(body);
+    try {
+      const res = await response;
+      res.pause();
+      expect(res.statusCode).toBe(200);
+      const other = await call(r.url, "POST", "/v1/chat/completions", { body: { model: "tiny", user: "bob", max_tokens: 2, messages: [{ role: "user", content: "hi" }] } });
+      expect(other.status).toBe(200);
+      await waitFor("the unread turn to be recorded", async () => (await call(r.url, "GET", "/v1/sessions/never-read/messages?user_id=alice")).status === 200);
+      const rows = (await call(r.url, "GET", "/v1/sessions/never-read/messages?user_id=alice")).json as { results: { role: string }[] };
+      expect(rows.results.map((x) => x.role)).toEqual(["user", "assistant"]);
+      req.destroy();
+    } finally {
+      req.destroy();
+      await r.server.close();
+    }
+  });
+
+  test("a turn past the turn timeout is aborted: 504, nothing recorded, the queue place freed", async () => {
+    const r = await startServer(model, data, { turnTimeoutMs: 200 });
+    try {
+      const res = await call(r.url, "POST", "/v1/chat/completions", { body: { model: "tiny", user: "alice", max_tokens: LONG, messages: [{ role: "user", content: "Tell me a long story." }], dki: { session: "too-slow" } } });
+      expect(res.status).toBe(504);
+      expect(res.json).toMatchObject({ error: { code: "turn_timeout" } });
+      expect((await call(r.url, "GET", "/v1/sessions/too-slow/messages?user_id=alice")).status).toBe(404);
+      expect((await call(r.url, "GET", "/health")).json).toMatchObject({ queue_depth: 0 });
+    } finally {
+      await r.server.close();
+    }
   });
 });
 
