@@ -8,6 +8,7 @@ import { Admission } from "./admission.js";
 import { ApiKeys, NO_ONE, OPEN_PRINCIPAL, type Principal } from "./auth.js";
 import { ServerContext } from "./context.js";
 import { ApiError, badRequest, errorHandler } from "./errors.js";
+import { registerKbRoutes } from "./kb-api.js";
 import { registerMemoryRoutes } from "./memory-api.js";
 import { ServerMetrics } from "./metrics.js";
 import { registerOpenAIRoutes } from "./openai.js";
@@ -119,6 +120,7 @@ export function createServer(o: ServerOptions = {}): DkiServer {
 
   registerOpenAIRoutes(app, ctx);
   registerMemoryRoutes(app, ctx);
+  registerKbRoutes(app, ctx);
 
   let closing: Promise<void> | null = null;
   const close = (c: { drainMs?: number } = {}): Promise<void> => {

@@ -59,7 +59,7 @@ const chatSchema = {
     dki: {
       type: "object",
       additionalProperties: false,
-      properties: { session: id, mode: { enum: ["dki", "rag", "none"] }, alpha: { type: "number", minimum: 0, maximum: 1 }, tau: { type: "number", minimum: 0, maximum: 1 }, max_memories: { type: "integer", minimum: 0, maximum: MAX_MEMORIES_PER_TURN } },
+      properties: { session: id, mode: { enum: ["dki", "rag", "none"] }, alpha: { type: "number", minimum: 0, maximum: 1 }, tau: { type: "number", minimum: 0, maximum: 1 }, collection: { type: "string", minLength: 1, maxLength: 64 }, max_memories: { type: "integer", minimum: 0, maximum: MAX_MEMORIES_PER_TURN } },
     },
   },
 } as const;
@@ -100,7 +100,7 @@ interface ChatBody extends SamplingBody {
   model: string;
   messages: { role: "system" | "developer" | "user" | "assistant"; content: Content; name?: string }[];
   max_completion_tokens?: number;
-  dki?: { session?: string; mode?: Mode; alpha?: number; tau?: number; max_memories?: number };
+  dki?: { session?: string; mode?: Mode; alpha?: number; tau?: number; collection?: string; max_memories?: number };
 }
 interface CompletionBody extends SamplingBody {
   model: string;
@@ -132,6 +132,8 @@ export interface DkiInfo {
   session: string;
   memories: MemoryInfo[];
   memories_left_out: { id: string; reason: string }[];
+  /** Knowledge-base chunks in the prompt (rag with dki.collection), numbered as the prompt numbers them. */
+  chunks: { marker: number; chunk_id: string; doc_id: string; collection: string; heading_path: string[] }[];
   preferences_injected: boolean;
   gate: { inject: boolean; alpha: number; relevance: number; reason: string; forced: boolean } | null;
   /** Memory tokens injected as K/V (not in the prompt), and those that went into the prompt as text. */
@@ -201,6 +203,7 @@ function dkiInfoOf(mode: Mode, user: string, session: string, r: DKIResponse | R
         return { id: m.id, text: m.text, relevance: m.relevance, alpha: t?.alpha ?? r.gating.alpha, tier: t?.tier ?? "L4" };
       }),
       memories_left_out: r.metadata.memoriesLeftOut,
+      chunks: [],
       preferences_injected: r.metadata.hybridInjection.enabled,
       gate: { inject: r.gating.inject, alpha: r.gating.alpha, relevance: r.gating.relevance, reason: r.gating.reason, forced: r.gating.forced },
       memory_tokens_kv: tiers.reduce((n, b) => n + b.tokens, 0),
@@ -215,6 +218,7 @@ function dkiInfoOf(mode: Mode, user: string, session: string, r: DKIResponse | R
     session,
     memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, relevance: m.relevance, alpha: null, tier: "prompt" })),
     memories_left_out: r.metadata.memoriesLeftOut,
+    chunks: r.sources.flatMap((x, i) => (x.kind === "chunk" ? [{ marker: i + 1, chunk_id: x.chunkId, doc_id: x.docId, collection: x.collection, heading_path: x.headingPath }] : [])),
     preferences_injected: false,
     gate: null,
     memory_tokens_kv: 0,
@@ -353,6 +357,8 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
     const user = ctx.turnUser(request, b.user);
     const mode: Mode = b.dki?.mode ?? "dki";
     for (const k of ["alpha", "tau"] as const) if (b.dki?.[k] !== undefined && mode !== "dki") throw badRequest(`dki.${k} applies to mode "dki" only (this request's mode is "${mode}")`, `dki.${k}`);
+    if (b.dki?.collection !== undefined && mode !== "rag") throw badRequest(`dki.collection is searched by the RAG baseline: give dki.mode "rag" with it (this request's mode is "${mode}")`, "dki.collection");
+    if (b.dki?.collection !== undefined && !s.kb.listCollections().some((c) => c.name === b.dki?.collection)) throw new ApiError(404, "not_found_error", `collection ${JSON.stringify(b.dki.collection)} not found`, "dki.collection", "not_found");
     if (b.dki?.tau !== undefined && b.dki.alpha !== undefined) throw badRequest("dki.tau is the gate's threshold: it does nothing with dki.alpha, which bypasses the gate", "dki.tau");
     const maxNewTokens = maxTokensOf(b, b.max_completion_tokens !== undefined ? "max_completion_tokens" : "max_tokens");
     const session = b.dki?.session ?? `api-${randomUUID()}`;
@@ -367,7 +373,7 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
           onText(t);
         };
         const common = { userId: user, sessionId: session, maxNewTokens, sampling: samplingOf(b), stop: stopOf(b), onToken, signal, systemPrompt, maxMemories: b.dki?.max_memories };
-        const r = mode === "rag" ? await s.rag.chat(query, common) : await s.dki.chat(query, { ...common, forceAlpha: b.dki?.alpha, relevanceThreshold: b.dki?.tau, allowInjection: mode !== "none" });
+        const r = mode === "rag" ? await s.rag.chat(query, { ...common, collection: b.dki?.collection }) : await s.dki.chat(query, { ...common, forceAlpha: b.dki?.alpha, relevanceThreshold: b.dki?.tau, allowInjection: mode !== "none" });
         const serverTtft = (firstAt || performance.now()) - t0;
         const dki = dkiInfoOf(mode, user, session, r, serverTtft);
         const m = ctx.metrics;

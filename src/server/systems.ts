@@ -8,6 +8,8 @@ import type { DKIConfigInput } from "../dki/config.js";
 import { DKISystem } from "../dki/system.js";
 import { MemoryStore, type EraseResult } from "../memory/memory-store.js";
 import type { Embedder, MemoryStoreApi } from "../memory/types.js";
+import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
+import { openKnowledgeBase } from "../rag/kb/open.js";
 import { RAGSystem } from "../rag/rag-system.js";
 
 export interface SystemsOptions {
@@ -38,6 +40,8 @@ export class ServerSystems {
     readonly store: MemoryStore,
     readonly dki: DKISystem,
     readonly rag: RAGSystem,
+    /** The data folder's knowledge base (`<data>.kb`, as `dki kb` uses it); the RAG system searches its collections. */
+    readonly kb: KnowledgeBase,
     /** The name clients give as `model` (the folder's or file's name). */
     readonly modelId: string,
   ) {}
@@ -46,16 +50,19 @@ export class ServerSystems {
   static async open(o: SystemsOptions): Promise<ServerSystems> {
     const model = await Model.load(o.model, o.loadOptions);
     let store: MemoryStore | null = null;
+    let kb: KnowledgeBase | null = null;
     let dki: DKISystem | null = null;
     try {
       store = await MemoryStore.open({ dir: o.dataDir, embedder: o.embedder });
+      kb = await openKnowledgeBase(o.dataDir, { embedder: store.embedder });
       const shared = lend(store);
       const common = { model, dataDir: o.dataDir, cacheDir: o.cacheDir, embedder: store.embedder, config: o.config, openStore: async () => shared };
       dki = await DKISystem.open(common);
-      const rag = await RAGSystem.open(common);
-      return new ServerSystems(model, store, dki, rag, modelIdOf(o.model));
+      const rag = await RAGSystem.open({ ...common, knowledgeBase: kb });
+      return new ServerSystems(model, store, dki, rag, kb, modelIdOf(o.model));
     } catch (e) {
       await dki?.close().catch(() => {});
+      await kb?.close().catch(() => {});
       await store?.close().catch(() => {});
       model.dispose();
       throw e;
@@ -73,7 +80,7 @@ export class ServerSystems {
       await Promise.all([this.rag.close(), this.dki.close()]);
     } finally {
       try {
-        await this.store.close();
+        await this.kb.close().finally(() => this.store.close());
       } finally {
         this.model.dispose();
       }
