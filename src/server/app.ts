@@ -3,7 +3,10 @@
 // metrics, and a lifecycle that answers 503 while the model loads and drains on shutdown.
 // The routes are thin: each checks its input and calls the systems (DKISystem, RAGSystem, the
 // memory store), which do the work.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from "fastify";
+import { packageRoot } from "../engine/native.js";
 import { Admission } from "./admission.js";
 import { ApiKeys, NO_ONE, OPEN_PRINCIPAL, type Principal } from "./auth.js";
 import { ServerContext } from "./context.js";
@@ -43,8 +46,18 @@ export interface DkiServer {
   close(o?: { drainMs?: number }): Promise<void>;
 }
 
-/** Routes that need no key: liveness and metrics carry no user's data. */
-const PUBLIC = new Set(["/health", "/metrics"]);
+/** Routes that need no key: liveness, metrics and the web UI's files carry no user's data. */
+const PUBLIC = new Set(["/health", "/metrics", "/", "/ui/app.js", "/ui/app.css"]);
+
+/** The web UI's files, shipped built in ui/public (npm run build:ui), read once. */
+function uiFiles(): Map<string, { type: string; body: Buffer }> {
+  const dir = join(packageRoot(), "ui", "public");
+  return new Map([
+    ["/", { type: "text/html; charset=utf-8", body: readFileSync(join(dir, "index.html")) }],
+    ["/ui/app.js", { type: "text/javascript; charset=utf-8", body: readFileSync(join(dir, "app.js")) }],
+    ["/ui/app.css", { type: "text/css; charset=utf-8", body: readFileSync(join(dir, "app.css")) }],
+  ]);
+}
 
 export const DEFAULT_MAX_QUEUE = 16;
 export const DEFAULT_BODY_LIMIT = 1024 * 1024;
@@ -117,6 +130,11 @@ export function createServer(o: ServerOptions = {}): DkiServer {
   app.get("/metrics", async (_request, reply) => {
     return reply.header("content-type", metrics.registry.contentType).send(await metrics.registry.metrics());
   });
+
+  // The UI loads nothing from elsewhere: the policy says so to the browser too.
+  for (const [path, file] of uiFiles()) {
+    app.get(path, async (_request, reply) => reply.header("content-type", file.type).header("content-security-policy", "default-src 'self'").header("cache-control", "no-cache").send(file.body));
+  }
 
   registerOpenAIRoutes(app, ctx);
   registerMemoryRoutes(app, ctx);
