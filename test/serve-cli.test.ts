@@ -1,7 +1,8 @@
 // `dki serve` from the command line: its usage errors (one line naming the flag or file, exit 1,
 // before it listens), a key file and config file read from disk, and the CLI's store commands
 // beside a running server (the store serves several processes: a memory added by `dki memory add`
-// is injected in the server's next turn).
+// is injected in the server's next turn; `dki user erase`, which needs the K/V cache the server
+// holds, says to erase through the server).
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
@@ -53,6 +54,9 @@ describe("dki serve: the command", () => {
       expect((r.json as { dki: { memories: { id: string }[] } }).dki.memories.map((m) => m.id)).toEqual([id]);
       const listed = await dki(["memory", "list", "--data", data, "--user", "alice"]);
       expect(listed.stdout).toContain("bees in Provence");
+      // Erasing also clears the K/V cache the server holds: refused, pointing at the server's route.
+      expect(await dkiFails(["user", "erase", "alice", "--data", data, "--yes"])).toMatch(/in use by another open cache.*; if a dki serve owns this store, erase through it: DELETE \/v1\/users\/alice\n$/);
+      expect((await call(s.url, "GET", "/v1/memories", { key: "alice-key-0123456789" })).text).toContain("bees in Provence");
     } finally {
       s.child.kill("SIGTERM");
       expect((await s.exited).code).toBe(0);
