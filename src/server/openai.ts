@@ -240,8 +240,8 @@ function usageOf(o: TurnOut) {
 
 /**
  * Runs one generation for a request: admitted against the bound, aborted when the client goes
- * away (its own turn only), the server stops, or the turn outlives its timeout. `stream` is called
- * with each piece of text.
+ * away (its own turn only), the server's drain runs out, or the turn outlives its timeout; an
+ * abort becomes the error that says which.
  */
 async function admitted<T>(ctx: ServerContext, request: FastifyRequest, reply: FastifyReply, mode: string, run: (signal: AbortSignal) => Promise<T>): Promise<T> {
   const release = ctx.admission.enter();
