@@ -24,3 +24,4 @@ export { DKISystem, DEFAULT_BUDGETS, analyzeBudget, assembleBlocks, canonicalSta
 export { applyBlockFix, CACHEBLEND_DEFAULT_RATIO, type BlockFix, type BlockFixInput, type BlendModel } from "./dki/index.js";
 export * from "./rag/index.js";
 export * from "./recall/index.js";
+export * from "./server/index.js";

@@ -3,47 +3,20 @@
 // lives in `<data>.kb`, beside the memory store's folder (the store refuses a folder holding
 // anything but its own files), as the K/V cache lives in `<data>.kv-cache`. Chunks are counted with a model's tokenizer
 // (--tokenizer: a model or tokenizer folder; default the bundled SmolLM2 tokenizer).
-import { existsSync } from "node:fs";
 import { readdir, stat } from "node:fs/promises";
-import { dirname, extname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { extname, join } from "node:path";
 import type { Command } from "commander";
-import { HashingEmbedder } from "../memory/embedders/hashing.js";
-import type { Embedder, Filter } from "../memory/types.js";
+import type { Filter } from "../memory/types.js";
 import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.js";
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { isSupportedFile } from "../rag/kb/parse.js";
-import { Tokenizer } from "../tokenizer/tokenizer.js";
 import { snakeKeys } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
-/** The bundled SmolLM2 tokenizer's folder, found by walking up to the package root. */
-export function bundledTokenizerDir(): string {
-  for (let dir = dirname(fileURLToPath(import.meta.url)); ; dir = dirname(dir)) {
-    const candidate = join(dir, "models", "tokenizers", "smollm2");
-    if (existsSync(join(dir, "package.json")) && existsSync(join(candidate, "tokenizer.json"))) return candidate;
-    if (dirname(dir) === dir) throw new Error("cannot find the bundled tokenizer (models/tokenizers/smollm2); pass --tokenizer");
-  }
-}
+import { bundledTokenizerDir, knowledgeBaseDir, openKnowledgeBase } from "../rag/kb/open.js";
 
-/** The knowledge base's folder for a data folder: beside it. */
-export function knowledgeBaseDir(data: string): string {
-  return `${resolve(data)}.kb`;
-}
-
-/**
- * Opens the data folder's knowledge base with the given embedder (default: the hashing embedder)
- * and tokenizer (a folder, or default: the bundled SmolLM2 tokenizer).
- */
-export async function openKnowledgeBase(data: string, o: { tokenizer?: string | Tokenizer; embedder?: Embedder; mustExist?: boolean } = {}): Promise<KnowledgeBase> {
-  // A command that only reads must not create an empty knowledge base beside a mistyped --data.
-  if (o.mustExist === true && !KnowledgeBase.exists(knowledgeBaseDir(data))) {
-    throw new Error(`--data ${data}: no knowledge base there (${knowledgeBaseDir(data)}); check the path (dki kb ingest creates one)`);
-  }
-  const tok = o.tokenizer instanceof Tokenizer ? o.tokenizer : await Tokenizer.fromFolder(o.tokenizer ?? bundledTokenizerDir());
-  return KnowledgeBase.open({ dir: knowledgeBaseDir(data), embedder: o.embedder ?? new HashingEmbedder(), tokenizer: tok });
-}
+export { bundledTokenizerDir, knowledgeBaseDir, openKnowledgeBase };
 
 const SUPPORTED_HELP = ".txt, .md, .html and .pdf files";
 

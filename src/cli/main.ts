@@ -13,6 +13,7 @@ import { registerMemoryCommands } from "./memory.js";
 import { registerEval } from "./eval.js";
 import { registerEvalSynth } from "./eval-synth.js";
 import { registerRecallCommand } from "./recall.js";
+import { registerServeCommand } from "./serve.js";
 
 /**
  * The version in package.json, read when asked rather than copied in at build time so it cannot
@@ -42,6 +43,7 @@ registerRagCommand(program);
 registerMemoryCommands(program);
 registerEvalSynth(registerEval(program));
 registerRecallCommand(program);
+registerServeCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

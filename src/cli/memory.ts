@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import type { Command } from "commander";
 import { TieredKVCache, type CacheModel } from "../cache/tiered-cache.js";
+import { FolderLockedError } from "../cache/tiers/folder-lock.js";
 import { readL3Folder } from "../cache/tiers/l3-files.js";
 import { defaultCacheDir } from "../dki/open.js";
 import { MemoryStore } from "../memory/memory-store.js";
@@ -233,7 +234,14 @@ export function registerMemoryCommands(program: Command): void {
       throw new Error("not confirmed: nothing erased");
     }
     await withStore(f, "must exist", async (s) => {
-      const cache = folder === undefined ? undefined : await TieredKVCache.open({ model: ERASE_ONLY_MODEL, dir: folder, budgets: { l1Bytes: 0, l2Bytes: 0, l3Bytes: Number.MAX_SAFE_INTEGER } });
+      const cache =
+        folder === undefined
+          ? undefined
+          : await TieredKVCache.open({ model: ERASE_ONLY_MODEL, dir: folder, budgets: { l1Bytes: 0, l2Bytes: 0, l3Bytes: Number.MAX_SAFE_INTEGER } }).catch((e: unknown) => {
+              // A running chat or server holds the cache; a server can erase the user itself, its L1/L2 blocks included.
+              if (e instanceof FolderLockedError) throw new Error(`${e.message}; if a dki serve owns this store, erase through it: DELETE /v1/users/${encodeURIComponent(userId)}`);
+              throw e;
+            });
       try {
         const r = await s.eraseUser(userId, { cache });
         print(

@@ -54,7 +54,7 @@ export async function prepareTurns(flags: TurnFlags, command: "chat" | "rag"): P
 }
 
 /** The model's load options from the flags. */
-export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
+export const loadOptions = (flags: Pick<TurnFlags, "threads" | "contextSize" | "device">) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
 
 /**
  * The system's config: --config's file, then the flags on top (`extra`: a command's own), so a

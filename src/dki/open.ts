@@ -182,6 +182,8 @@ export interface TurnOptions {
   stopOnAbortSignal?: boolean;
   /** Replaces config.systemPrompt for this turn. */
   systemPrompt?: string;
+  /** Replaces config.maxMemories for this turn (a server's per-request setting); 0 routes none. */
+  maxMemories?: number;
 }
 
 /**
@@ -234,12 +236,16 @@ function waitOrAbort(p: Promise<unknown>, signal: AbortSignal | undefined): Prom
 }
 
 /** The checks every system's turn starts with: a query, and options naming the user and the session. */
-export function checkTurn(query: unknown, opts: Pick<TurnOptions, "userId" | "sessionId" | "stopOnAbortSignal">): void {
+export function checkTurn(query: unknown, opts: Pick<TurnOptions, "userId" | "sessionId" | "stopOnAbortSignal" | "maxMemories">): void {
   if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query must be a non-empty string");
   if (opts === null || typeof opts !== "object") throw new DkiArgumentError("chat options must be an object with userId and sessionId");
   if (typeof opts.userId !== "string" || opts.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
   if (typeof opts.sessionId !== "string" || opts.sessionId === "") throw new DkiArgumentError("sessionId must be a non-empty string");
   if (opts.stopOnAbortSignal !== undefined && typeof opts.stopOnAbortSignal !== "boolean") throw new DkiArgumentError(`stopOnAbortSignal must be true or false, got ${String(opts.stopOnAbortSignal)}`);
+  if (opts.maxMemories !== undefined && (!Number.isInteger(opts.maxMemories) || opts.maxMemories < 0 || opts.maxMemories > MAX_MEMORIES_PER_TURN)) throw new DkiArgumentError(`maxMemories must be an integer from 0 to ${MAX_MEMORIES_PER_TURN}, got ${String(opts.maxMemories)}`);
 }
+
+/** The most memories a turn may route (config.maxMemories' own bound). */
+export const MAX_MEMORIES_PER_TURN = 1000;
 
 const defaultStoreOpener: StoreOpener = (o) => MemoryStore.open(o);

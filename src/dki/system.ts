@@ -49,6 +49,8 @@ export interface ChatOptions extends TurnOptions {
   forceAlpha?: number;
   /** false: no K/V this turn (neither memories nor preferences); the history stays. */
   allowInjection?: boolean;
+  /** The gate's τ for this turn, in [0, 1] (default config.gating.relevanceThreshold). */
+  relevanceThreshold?: number;
 }
 
 export interface MemoryUsed {
@@ -370,7 +372,7 @@ export class DKISystem {
     // Awaited below in every case, so a failed render is never an unhandled rejection.
     rendering.catch(() => {});
     const tr = performance.now();
-    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: c.maxMemories }) : [];
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? c.maxMemories }) : [];
     lat.routingMs = performance.now() - tr;
     const prompt = await rendering;
     const prefix = this.encodingPrefix(systemPrompt, useTemplate);
@@ -382,7 +384,7 @@ export class DKISystem {
   /** Gating and the blocks from the cache; runs in the model's queue (the probe and computes use the model). */
   private async prepare(query: string, opts: ChatOptions, plan: Plan, lat: LatencyBreakdown): Promise<Prepared> {
     const c = this.config;
-    const g = c.gating;
+    const g = opts.relevanceThreshold === undefined ? c.gating : { ...c.gating, relevanceThreshold: opts.relevanceThreshold };
     let t = performance.now();
     const relevance = (r: SearchResult) => (g.relevanceSignal === "dense" ? r.signals.dense : r.score);
     const scores = plan.routed.map(relevance).sort((a, b) => b - a);
@@ -649,6 +651,8 @@ function checkChat(query: unknown, opts: ChatOptions): void {
   checkForceAlpha(opts.forceAlpha);
   if (opts.allowInjection !== undefined && typeof opts.allowInjection !== "boolean") throw new DkiArgumentError(`allowInjection must be true or false, got ${String(opts.allowInjection)}`);
   if (opts.systemPrompt !== undefined && typeof opts.systemPrompt !== "string") throw new DkiArgumentError("systemPrompt must be a string");
+  const tau = opts.relevanceThreshold;
+  if (tau !== undefined && (typeof tau !== "number" || !(tau >= 0 && tau <= 1))) throw new DkiArgumentError(`relevanceThreshold must be a number in [0, 1], got ${String(tau)}`);
 }
 
 const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);

@@ -185,7 +185,7 @@ export class RAGSystem {
 
     // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
     let t = performance.now();
-    const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: this.config.maxMemories });
+    const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
     let kb: KbSearchResult[] = [];
     let kbQueries: string[] = [];
     if (opts.collection !== undefined && this.knowledgeBase !== null) {
