@@ -51,10 +51,10 @@ export async function prepareTurns(flags: TurnFlags, command: "chat" | "rag"): P
 }
 
 /** The model's load options from the flags. */
-export const loadOptions = (flags: TurnFlags) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
+export const loadOptions = (flags: Pick<TurnFlags, "threads" | "contextSize" | "device">) => ({ threads: flags.threads, contextSize: flags.contextSize, device: flags.device });
 
 /** The settings the flags give the system's config (those not given keep the config's defaults). */
-export function turnConfig(flags: TurnFlags): DKIConfigInput {
+export function turnConfig(flags: Pick<TurnFlags, "maxMemories" | "memoryMaxTokens">): DKIConfigInput {
   return { ...(flags.maxMemories !== undefined ? { maxMemories: flags.maxMemories } : {}), ...(flags.memoryMaxTokens !== undefined ? { memoryMaxTokens: flags.memoryMaxTokens } : {}) };
 }
 
@@ -177,9 +177,14 @@ export function turnCommandOptions(c: Command, cacheHelp: string): Command {
 
 /** The options after --no-memory (and chat's --alpha) that every chat-like command takes. */
 export function outputOptions(c: Command): Command {
+  c.option("--format <format>", "text or json (json needs --query)", choiceOption("--format", ["text", "json"] as const), "text")
+    .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128);
+  return systemOptions(c);
+}
+
+/** The model's and the DKI system's settings every command that runs turns takes (chat, rag, mcp). */
+export function systemOptions(c: Command): Command {
   return c
-    .option("--format <format>", "text or json (json needs --query)", choiceOption("--format", ["text", "json"] as const), "text")
-    .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128)
     .option(...threadsOption)
     .option(...deviceOption)
     .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))
