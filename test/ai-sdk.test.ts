@@ -237,7 +237,7 @@ describe("streamText", () => {
     const failed = sys.stats().failedTurns;
     await reader.cancel();
     // The turn ends (rejected by its signal) and records nothing.
-    for (let i = 0; i < 200 && sys.stats().failedTurns === failed; i++) await new Promise((r) => setTimeout(r, 10));
+    for (let i = 0; i < 3000 && sys.stats().failedTurns === failed; i++) await new Promise((r) => setTimeout(r, 10));
     expect(sys.stats().failedTurns).toBe(failed + 1);
     expect(await sys.conversations.list({ userId: "alice", sessionId: "ab2" })).toEqual([]);
   });

@@ -41,7 +41,7 @@ async function call(c: Client, name: string, args: Record<string, unknown>): Pro
 
 /** Entries per tier once the cache's background writes (L2 encodes, L3 files) have settled. */
 async function entries(): Promise<{ L1: number; L3: number }> {
-  for (let i = 0; i < 500 && system.cache.stats().pending > 0; i++) await new Promise((r) => setTimeout(r, 10));
+  for (let i = 0; i < 3000 && system.cache.stats().pending > 0; i++) await new Promise((r) => setTimeout(r, 10));
   const s = system.cache.stats();
   return { L1: s.L1.entries, L3: s.L3.entries };
 }

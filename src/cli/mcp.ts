@@ -97,7 +97,7 @@ export function registerMcpCommand(program: Command): void {
       .option("--user <id>", `the user this stdio server serves (default: $${MCP_USER_ENV})`)
       .option("--port <n>", "serve Streamable HTTP on 127.0.0.1:<n>/mcp instead of stdio (0: any free port, printed on stderr)", intOption("--port", 0, 65535))
       .option("--keys <file>", "with --port: a JSON object of API key → user id; a request's Authorization: Bearer <key> picks its user")
-      .option("--session <id>", "the session chat turns and memories go to when a call names none (default: a new one per run)")
+      .option("--session <id>", "the session chat turns go to when a call names none (default: a new one per run)")
       .option("--system <text>", "system prompt of chat turns"),
   ).action((flags: McpFlags) => mcp(flags));
 }

@@ -74,8 +74,8 @@ export function finishReason(r: FinishReason): LanguageModelV3FinishReason {
 }
 
 /**
- * Every count the engine knows is given as a number, never left for the SDK to read as 0 or as
- * missing (vercel/ai #11178): the prompt is prefilled whole each turn, so no prompt token is read
+ * Every count the engine knows is given as a number, never left out: a count a provider leaves
+ * out is one the SDK's users see as 0 or as missing, though it was known. The prompt is prefilled whole each turn, so no prompt token is read
  * from or written to a prompt cache (cacheRead/cacheWrite 0, known); the model reasons in no
  * separate channel (reasoning 0). The memory reaches attention as K/V, not as prompt tokens: its
  * tokens are in `raw` (and the `dki` metadata), split by whether the cache served them.

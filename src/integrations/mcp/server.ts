@@ -17,7 +17,7 @@ export interface MemoryServerOptions {
   system: DKISystem;
   /** The one user every tool and resource of this server acts for. */
   userId: string;
-  /** The session `chat` and `add_memory` use when a call names none. */
+  /** The session `chat` turns go to when a call names none (a memory added without one belongs to no session). */
   defaultSessionId: string;
   /** Reported to clients in the initialize handshake. */
   version: string;
