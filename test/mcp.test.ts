@@ -36,11 +36,17 @@ afterAll(async () => {
 
 const serverArgs = (data: string, cache: string) => [dkiBin, "mcp", "--model", modelDir, "--data", data, "--cache", cache, "--context-size", "1024", "--threads", "1"];
 
+/** What each stdio server has written to stderr so far, by its client. */
+const serverStderr = new Map<Client, string[]>();
+
 /** A client of a stdio server started for `user` (by --user, or by DKI_MCP_USER when `viaEnv`). */
 async function stdioClient(data: string, user: string, o: { viaEnv?: boolean } = {}): Promise<Client> {
   const args = [...serverArgs(data, tempDir()), ...(o.viaEnv ? [] : ["--user", user])];
   const transport = new StdioClientTransport({ command: process.execPath, args, env: { ...getDefaultEnvironment(), ...(o.viaEnv ? { DKI_MCP_USER: user } : {}) }, stderr: "pipe" });
   const client = new Client({ name: `test-${user}`, version: "1.0.0" });
+  const lines: string[] = [];
+  serverStderr.set(client, lines);
+  transport.stderr?.on("data", (d: Buffer) => lines.push(d.toString()));
   await client.connect(transport);
   clients.push(client);
   return client;
@@ -124,6 +130,10 @@ describe("dki mcp over stdio", () => {
     expect(await fails(c, "delete_memory", { id: tea!.id })).toBe(`memory "${tea!.id}" not found`);
     expect(await call(c, "delete_all_memories", { confirm: true })).toEqual({ deleted: 1 });
     expect((await call(c, "list_memories")).total).toBe(0);
+
+    // The client closing the server's stdin ends it in order (not by the SIGTERM the client sends to a server that stays).
+    await c.close();
+    expect(serverStderr.get(c)!.join("")).toMatch(/dki mcp: serving the memory of user "alice" over stdio .*\ndki mcp: stdin closed: stopped\n$/s);
   });
 
   test("bad inputs are MCP tool errors naming the problem", async () => {
@@ -187,16 +197,20 @@ describe("dki mcp over stdio", () => {
 
 /** `dki mcp --port 0 --keys FILE` started; its URL read from what it prints on stderr. */
 async function httpServer(data: string, keys: Record<string, string>): Promise<string> {
+  return (await httpServerProcess(data, keys)).url;
+}
+
+async function httpServerProcess(data: string, keys: Record<string, string>): Promise<{ url: string; child: ChildProcess; stderr: () => string }> {
   const keyFile = join(tempDir(), "keys.json");
   writeFileSync(keyFile, JSON.stringify(keys));
   const child = spawn(process.execPath, [...serverArgs(data, tempDir()), "--port", "0", "--keys", keyFile], { stdio: ["ignore", "pipe", "pipe"] });
   children.push(child);
   let stderr = "";
-  return new Promise<string>((resolve, reject) => {
+  return new Promise((resolve, reject) => {
     child.stderr!.on("data", (d: Buffer) => {
       stderr += d.toString();
       const m = /listening on (http:\/\/127\.0\.0\.1:\d+\/mcp)/.exec(stderr);
-      if (m) resolve(m[1]!);
+      if (m) resolve({ url: m[1]!, child, stderr: () => stderr });
     });
     child.on("exit", (code) => reject(new Error(`dki mcp --port exited with ${code}: ${stderr}`)));
   });
@@ -227,7 +241,7 @@ describe("dki mcp over Streamable HTTP", () => {
   const KEY_B = "bob-key-0123456789abcdef";
 
   test("each request's user is its key's: every tool works, and A's key never reaches B's memories", async () => {
-    const url = await httpServer(tempDir(), { [KEY_A]: "alice", [KEY_B]: "bob" });
+    const { url, child, stderr } = await httpServerProcess(tempDir(), { [KEY_A]: "alice", [KEY_B]: "bob" });
     const alice = await httpClient(url, KEY_A);
     const bob = await httpClient(url, KEY_B);
     expect((await alice.listTools()).tools.map((t) => t.name).sort()).toEqual(TOOLS);
@@ -250,6 +264,12 @@ describe("dki mcp over Streamable HTTP", () => {
     expect(await call(alice, "delete_all_memories", { confirm: true })).toEqual({ deleted: 1 });
     expect(((await call(bob, "get_memory", { id: b })).memory as MemoryView).text).toBe(CELLO);
     expect(await fails(alice, "get_memory", { id: hiking!.id })).toBe(`memory "${hiking!.id}" not found`);
+
+    // SIGTERM stops it in order: the HTTP server, then the system (cache flushed, store closed).
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    expect(stderr()).toMatch(/dki mcp: SIGTERM: stopped\n$/);
   });
 
   test("no key, an unknown key, another host or origin, another path or method: refused before any MCP message is read", async () => {

@@ -71,17 +71,22 @@ async function mcp(flags: McpFlags): Promise<void> {
       const ended = new Promise<string>((resolve) => process.stdin.once("end", () => resolve("stdin closed")));
       await server.connect(new StdioServerTransport());
       process.stderr.write(`dki mcp: serving the memory of user ${JSON.stringify(served.user)} over stdio (data ${flags.data})\n`);
-      await Promise.race([ended, stopped]);
+      const why = await Promise.race([ended, stopped]);
       await server.close();
+      await system.close();
+      // Said once everything is closed (L3 writes flushed, the store closed): the end was orderly.
+      process.stderr.write(`dki mcp: ${why}: stopped\n`);
     } else {
       const { serveMcpHttp } = await import("../integrations/mcp/http.js");
       const http = await serveMcpHttp({ ...common, keys: keys!, port: served.port });
       process.stderr.write(`dki mcp: listening on ${http.url} for ${keys!.size} key(s) (data ${flags.data})\n`);
-      await stopped;
+      const why = await stopped;
       await http.close();
+      await system.close();
+      process.stderr.write(`dki mcp: ${why}: stopped\n`);
     }
   } finally {
-    await system.close();
+    await system.close(); // (a second close does nothing)
   }
 }
 
