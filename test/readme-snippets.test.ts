@@ -4,7 +4,9 @@
 // section starts from nothing. Each module is type-stripped by TypeScript and run by Node in a
 // child process, in a folder holding models/tiny (make-tiny's tiny preset) and a
 // node_modules/dki-engine link to this package (whose "exports" map to dist/, built by npm
-// test's tsc step). Code that needs a GPU, a download or a network belongs in another fence.
+// test's tsc step), beside links to the other packages the examples import (the AI SDK, the MCP
+// SDK), as an application would have them installed. Code that needs a GPU, a download or a
+// network belongs in another fence.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -54,6 +56,8 @@ beforeAll(async () => {
   await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f16", out: join(work, "models", "tiny"), seed: 1 });
   mkdirSync(join(work, "node_modules"));
   symlinkSync(packageRoot(), join(work, "node_modules", "dki-engine"), "dir");
+  mkdirSync(join(work, "node_modules", "@modelcontextprotocol"));
+  for (const name of ["ai", "@modelcontextprotocol/sdk"]) symlinkSync(join(packageRoot(), "node_modules", name), join(work, "node_modules", name), "dir");
 });
 
 describe("README.md code runs as written", () => {

@@ -1,8 +1,5 @@
 // The `dki` command line. Its flags and JSON output are a stable surface: benchmarks and
 // experiments script against them.
-import { existsSync, readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import { registerGenerateCommands } from "./generate.js";
 import { registerModelsCommand } from "./models.js";
@@ -14,19 +11,8 @@ import { registerEval } from "./eval.js";
 import { registerEvalSynth } from "./eval-synth.js";
 import { registerRecallCommand } from "./recall.js";
 import { registerServeCommand } from "./serve.js";
-
-/**
- * The version in package.json, read when asked rather than copied in at build time so it cannot
- * go stale. Found by walking up from this file: it runs from src/cli under tests and from
- * dist/src/cli once built.
- */
-function packageVersion(): string {
-  for (let dir = dirname(fileURLToPath(import.meta.url)); ; dir = dirname(dir)) {
-    const file = join(dir, "package.json");
-    if (existsSync(file)) return (JSON.parse(readFileSync(file, "utf8")) as { version: string }).version;
-    if (dirname(dir) === dir) throw new Error("cannot find package.json to read the version from");
-  }
-}
+import { registerMcpCommand } from "./mcp.js";
+import { packageVersion } from "./version.js";
 
 const program = new Command();
 program
@@ -44,6 +30,7 @@ registerMemoryCommands(program);
 registerEvalSynth(registerEval(program));
 registerRecallCommand(program);
 registerServeCommand(program);
+registerMcpCommand(program);
 
 // `dki generate ... | head` closes stdout early: that ends the command, quietly. Any other
 // write error (a full disk) ends it too, as one line: nothing more can be written.

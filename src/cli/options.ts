@@ -107,10 +107,10 @@ export const deviceOption = ["--device <device>", "cpu, cuda (needs npm run buil
 
 /**
  * A session id for a turn given no --session: new for every run, so one-shot turns never read
- * each other's history, and prefixed by the command (chat-…, rag-…), so DKI and RAG turns never
+ * each other's history, and prefixed by the command (chat-…, rag-…, mcp-…), so DKI and RAG turns never
  * share a session unless the user names one for both.
  */
-export function newSessionId(command: "chat" | "rag"): string {
+export function newSessionId(command: "chat" | "rag" | "mcp"): string {
   const stamp = new Date().toISOString().replace(/[-:]/g, "").replace(/\.\d+Z$/, "Z");
   return `${command}-${stamp}-${randomBytes(3).toString("hex")}`;
 }

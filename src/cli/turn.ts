@@ -60,7 +60,7 @@ export const loadOptions = (flags: Pick<TurnFlags, "threads" | "contextSize" | "
  * The system's config: --config's file, then the flags on top (`extra`: a command's own), so a
  * flag given wins over the file and what neither gives keeps its default.
  */
-export async function turnConfig(flags: TurnFlags, extra: DKIConfigInput = {}): Promise<DKIConfigInput> {
+export async function turnConfig(flags: Pick<TurnFlags, "maxMemories" | "memoryMaxTokens" | "config">, extra: DKIConfigInput = {}): Promise<DKIConfigInput> {
   const file = flags.config === undefined ? {} : await readConfigFile(flags.config);
   const given = { ...(flags.maxMemories !== undefined ? { maxMemories: flags.maxMemories } : {}), ...(flags.memoryMaxTokens !== undefined ? { memoryMaxTokens: flags.memoryMaxTokens } : {}) };
   return mergeConfig(file, mergeConfig(given, extra));
@@ -186,9 +186,14 @@ export function turnCommandOptions(c: Command, cacheHelp: string): Command {
 
 /** The options after --no-memory (and chat's --alpha) that every chat-like command takes. */
 export function outputOptions(c: Command): Command {
+  c.option("--format <format>", "text or json (json needs --query)", choiceOption("--format", ["text", "json"] as const), "text")
+    .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128);
+  return systemOptions(c);
+}
+
+/** The model's and the DKI system's settings every command that runs turns takes (chat, rag, mcp). */
+export function systemOptions(c: Command): Command {
   return c
-    .option("--format <format>", "text or json (json needs --query)", choiceOption("--format", ["text", "json"] as const), "text")
-    .option("-n, --max-tokens <n>", "maximum new tokens", intOption("--max-tokens"), 128)
     .option(...threadsOption)
     .option(...deviceOption)
     .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))
