@@ -15,7 +15,7 @@
 // loses the attention between chunks and sees each start with its own prefix: expect lower answer
 // quality than text on such a model.
 import { performance } from "node:perf_hooks";
-import type { Model, Segment } from "../engine/model.js";
+import type { Segment } from "../engine/model.js";
 import type { FinishReason } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
@@ -32,6 +32,10 @@ import { contextBlock, extractCitations, sourceLabel, type CitationMap, type Cit
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
 import type { KnowledgeBase } from "./kb/knowledge-base.js";
 import type { KbSearchOptions, KbSearchResult } from "./kb/search.js";
+import { Model, type LoadOptions } from "../engine/model.js";
+import { ModelStepBackend, StepRunner, type StepBackend, type StepRecord } from "./pipeline/steps.js";
+import { checkQueryTransform, type QueryTransformOptions } from "./pipeline/query-transform.js";
+import { retrieveTransformed, type RetrievalHop } from "./pipeline/transformed-retrieval.js";
 
 export type KbMode = "text" | "kv";
 
@@ -55,6 +59,20 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   knowledgeBase?: KnowledgeBase;
   /** K/V cache folder for kbMode "kv" (default: DKISystem's, beside the store's folder; opened on the first kv turn). */
   cacheDir?: string;
+  /** The LLM steps of the query pipeline (rewrite, decompose, step-back, …). */
+  steps?: StepsOptions;
+}
+
+export interface StepsOptions {
+  /**
+   * The model the steps run on: the system's own model by default, a loaded Model (the caller
+   * keeps owning it), a model path (loaded on open, disposed on close), or any StepBackend.
+   */
+  model?: Model | string | StepBackend;
+  /** Used when `model` is a path. */
+  loadOptions?: LoadOptions;
+  /** Milliseconds a step may take before its fallback is used. Default 30000. */
+  timeoutMs?: number;
 }
 
 export interface RAGChatOptions extends TurnOptions {
@@ -69,6 +87,18 @@ export interface RAGChatOptions extends TurnOptions {
   /** Multi-query expansion / HyDE for the knowledge-base search, with this system's model. */
   kbMultiQuery?: number;
   kbHyde?: boolean;
+  /** Query transformations before the knowledge-base search (needs a collection): rewrite, decompose, step-back. */
+  queryTransform?: QueryTransformOptions;
+}
+
+/** What the query pipeline did in a turn: its steps (prompt, raw output, parsed result) and its searches. */
+export interface PipelineTrace {
+  steps: StepRecord[];
+  /** The query the knowledge base was searched with (after a rewrite). */
+  query: string;
+  subQueries: string[];
+  stepBack: string | null;
+  hops: RetrievalHop[];
 }
 
 export interface RAGMemoryUsed {
@@ -120,7 +150,28 @@ export interface RAGResponse {
     warnings: string[];
     log: string[];
     kbQueries: string[];
+    /** The query pipeline's trace; null when the turn used none of its steps. */
+    pipeline: PipelineTrace | null;
   };
+}
+
+interface ResolvedSteps {
+  /** The model the steps run on (through the fair queue), or null with a custom backend. */
+  model: Model | null;
+  backend: StepBackend | null;
+  timeoutMs: number | undefined;
+  /** A step model loaded from a path: disposed on close. */
+  owned: Model | null;
+}
+
+function checkStepsOptions(o: StepsOptions | undefined): void {
+  if (o === undefined) return;
+  if (o === null || typeof o !== "object") throw new DkiArgumentError("steps must be an object");
+  const m = o.model;
+  if (m !== undefined && !(m instanceof Model) && !(typeof m === "string" && m !== "") && !(typeof m === "object" && m !== null && typeof (m as StepBackend).complete === "function")) {
+    throw new DkiArgumentError("steps.model must be a loaded Model, a model path or a backend with complete()");
+  }
+  if (o.timeoutMs !== undefined && !(Number.isInteger(o.timeoutMs) && o.timeoutMs >= 1)) throw new DkiArgumentError(`steps.timeoutMs must be a positive integer, got ${String(o.timeoutMs)}`);
 }
 
 export class RAGSystem {
@@ -139,6 +190,7 @@ export class RAGSystem {
     readonly knowledgeBase: KnowledgeBase | null,
     private readonly cacheDir: string,
     private readonly budgets: CacheBudgets,
+    private readonly steps: ResolvedSteps,
   ) {
     this.counter = tokenCounter(model.tokenizer);
   }
@@ -149,9 +201,16 @@ export class RAGSystem {
       o,
       async (p, rag) => {
         const { store, config } = await p.openStore();
-        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets);
+        const sm = o.steps?.model;
+        const ownedStepModel = typeof sm === "string" ? await Model.load(sm, o.steps?.loadOptions) : null;
+        const model = ownedStepModel ?? (sm instanceof Model ? sm : sm === undefined ? p.model : null);
+        const steps: ResolvedSteps = { model, backend: model === null ? (sm as StepBackend) : null, timeoutMs: o.steps?.timeoutMs, owned: ownedStepModel };
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps);
       },
-      () => resolveRagConfig(o.rag),
+      () => {
+        checkStepsOptions(o.steps);
+        return resolveRagConfig(o.rag);
+      },
     );
   }
 
@@ -186,25 +245,39 @@ export class RAGSystem {
     // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
     let t = performance.now();
     const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
+    // The same history switch and length as DKI's config (the budget then decides what fits).
+    // Read before the knowledge-base search: a history-aware rewrite needs it.
+    const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
+    const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
+    const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
     let kb: KbSearchResult[] = [];
     let kbQueries: string[] = [];
+    let pipeline: PipelineTrace | null = null;
     if (opts.collection !== undefined && this.knowledgeBase !== null) {
-      const so: KbSearchOptions = { collection: opts.collection, limit: opts.kbTopK ?? this.rag.kbTopK, filter: opts.kbFilter, minScore: opts.kbMinScore };
+      const kbase = this.knowledgeBase;
+      const limit = opts.kbTopK ?? this.rag.kbTopK;
+      const so: KbSearchOptions = { collection: opts.collection, limit, filter: opts.kbFilter, minScore: opts.kbMinScore };
       if (opts.kbMultiQuery !== undefined || opts.kbHyde) {
         so.expand = { multiQuery: opts.kbMultiQuery, hyde: opts.kbHyde, generate: (prompt, maxNewTokens) => this.expansion(opts.userId, prompt, maxNewTokens, opts.signal) };
       }
-      const found = await this.knowledgeBase.searchDetailed(query, so);
-      kb = found.results;
-      kbQueries = found.queries;
+      const search = async (q: string): Promise<KbSearchResult[]> => {
+        const found = await kbase.searchDetailed(q, so);
+        kbQueries.push(...found.queries);
+        return found.results;
+      };
+      const qt = opts.queryTransform;
+      if (qt !== undefined && (qt.rewrite === true || (qt.decompose ?? 0) >= 2 || qt.stepBack === true)) {
+        const steps = this.stepRunner(opts.userId, opts.signal);
+        const r = await retrieveTransformed(steps, query, history, qt, { search, id: (x) => x.chunk.id, text: (x) => x.chunk.text }, limit);
+        kb = r.results;
+        pipeline = { steps: steps.records, query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops };
+      } else kb = await search(query);
+      kbQueries = [...new Set(kbQueries)];
     }
     lat.routingMs = performance.now() - t;
 
     // Prompt: memories then (text mode) chunks as numbered blocks, history, query.
     t = performance.now();
-    // The same history switch and length as DKI's config (the budget then decides what fits).
-    const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
-    const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
-    const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
     const { kept, leftOut } = this.withinMemoryBudget(routed);
     const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
     const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
@@ -283,6 +356,7 @@ export class RAGSystem {
         warnings: built.warnings,
         log: built.log,
         kbQueries,
+        pipeline,
       },
     };
     const tr = performance.now();
@@ -349,6 +423,13 @@ export class RAGSystem {
     return a;
   }
 
+  /** A turn's LLM steps: on the step model through the user's place in the fair queue, or on the custom backend. */
+  private stepRunner(userId: string, signal?: AbortSignal): StepRunner {
+    const s = this.steps;
+    const backend = s.model !== null ? new ModelStepBackend(s.model, (fn, sig) => this.queue.run(userId, fn, sig)) : s.backend!;
+    return new StepRunner(backend, { timeoutMs: s.timeoutMs, signal });
+  }
+
   /** A short generation for query expansion (multi-query, HyDE) with this system's model, in the user's turn. */
   private async expansion(userId: string, prompt: string, maxNewTokens: number, signal?: AbortSignal): Promise<string> {
     const r = await this.queue.run(userId, () => this.model.generate({ messages: [{ role: "user", content: prompt }] }, { maxNewTokens, signal }), signal);
@@ -356,7 +437,13 @@ export class RAGSystem {
   }
 
   async close(): Promise<void> {
-    if (await this.ledger.close()) await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
+    if (await this.ledger.close()) {
+      try {
+        await closeSystem(this.cache, this.store, this.ownsModel ? this.model : null);
+      } finally {
+        this.steps.owned?.dispose();
+      }
+    }
   }
 }
 
@@ -374,4 +461,6 @@ function checkChat(query: unknown, opts: RAGChatOptions): void {
   if (opts.kbMode !== undefined && opts.kbMode !== "text" && opts.kbMode !== "kv") throw new DkiArgumentError(`kbMode must be "text" or "kv", got ${JSON.stringify(opts.kbMode)}`);
   if (opts.kbMode !== undefined && opts.collection === undefined) throw new DkiArgumentError("kbMode needs a collection");
   if (opts.kbTopK !== undefined && (!Number.isInteger(opts.kbTopK) || opts.kbTopK < 1 || opts.kbTopK > 100)) throw new DkiArgumentError(`kbTopK must be an integer from 1 to 100, got ${String(opts.kbTopK)}`);
+  checkQueryTransform(opts.queryTransform);
+  if (opts.queryTransform !== undefined && opts.collection === undefined) throw new DkiArgumentError("queryTransform needs a collection: it transforms the knowledge-base search");
 }
