@@ -53,6 +53,10 @@ describe("dki rag", () => {
     expect(r.metadata.pipeline.steps.map((s: { step: string }) => s.step)[0]).toBe("decompose");
     for (const s of r.metadata.pipeline.steps) expect(Object.keys(s)).toEqual(expect.arrayContaining(["step", "prompt", "raw", "parsed", "fell_back", "constrained", "ms"]));
     expect(r.metadata.pipeline.hops.length).toBeGreaterThanOrEqual(1);
+    const rr = JSON.parse((await dki(["rag", ...base, "--rerank", "lexical", "--rerank-depth", "4", "--top-k", "1", "--prompt-mode", "precise", "--layout", "seed", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(rr.metadata.pipeline.rerank.method).toBe("lexical");
+    expect(rr.sources[0].chunk_id).toBe(rr.metadata.pipeline.rerank.after[0]);
+    expect(rr.prompt_info.final_prompt).toMatch(/^System: .*Answer only with facts stated/s);
     const text = await dki(["rag", ...base, "--step-back", "--query", "How many vacation days?"]);
     expect(text.stderr).toMatch(/\| searched: "How many vacation days\?"/);
   });
@@ -66,6 +70,9 @@ describe("dki rag", () => {
     expect(await dkiFails(["chat", "--mode", "rag", "--alpha", "0.5", ...base, "--query", "q"])).toMatch(/--alpha applies to --mode dki only/);
     expect(await dkiFails(["rag", ...base, "--kb-mode", "html", "--query", "q"])).toMatch(/--kb-mode/);
     expect(await dkiFails(["rag", ...base, "--decompose", "2", "--query", "q"])).toMatch(/--decompose needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank", "cross", "--query", "q"])).toMatch(/--rerank/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank-depth", "5", "--query", "q"])).toMatch(/--rerank-depth needs --rerank/);
+    expect(await dkiFails(["rag", ...base, "--prompt-mode", "loud", "--query", "q"])).toMatch(/--prompt-mode/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--decompose", "9", "--query", "q"])).toMatch(/--decompose must be an integer in \[2, 5\], got "9"/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--no-iterative", "--query", "q"])).toMatch(/--no-iterative needs --decompose/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--step-back", "--step-model", join(model, "config.json"), "--query", "q"])).toMatch(/--step-model must be a model folder or a \.gguf file/);

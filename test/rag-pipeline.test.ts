@@ -15,18 +15,8 @@ import type { KbSearchResult } from "../src/rag/kb/search.js";
 import { ModelStepBackend, parseChoice, StepRunner, type StepBackend } from "../src/rag/pipeline/steps.js";
 import { parseSingleQuery, parseSubQueries, rewriteQuery } from "../src/rag/pipeline/query-transform.js";
 import { interleave, retrieveTransformed, type Searcher } from "../src/rag/pipeline/transformed-retrieval.js";
+import { ScriptedBackend } from "./support/scripted-backend.js";
 import { tempDir } from "./support/paths.js";
-
-/** A scripted backend: each prompt answered by the first rule whose pattern it matches; calls kept. */
-export class ScriptedBackend implements StepBackend {
-  readonly prompts: string[] = [];
-  constructor(private readonly rules: [RegExp, string | ((prompt: string) => string)][]) {}
-  async complete(prompt: string): Promise<string> {
-    this.prompts.push(prompt);
-    for (const [re, out] of this.rules) if (re.test(prompt)) return typeof out === "string" ? out : out(prompt);
-    throw new Error(`the script has no answer for: ${prompt.slice(0, 80)}`);
-  }
-}
 
 let modelDir: string;
 let model: Model;

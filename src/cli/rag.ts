@@ -8,6 +8,8 @@ import { sourceLabel } from "../rag/citations.js";
 import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from "../rag/rag-system.js";
 import { openKnowledgeBase } from "./kb.js";
+import { RERANK_METHODS, type RerankMethod } from "../rag/pipeline/rerank.js";
+import { PROMPT_MODES, type PromptMode } from "../rag/pipeline/prompt-modes.js";
 import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
@@ -26,6 +28,9 @@ export interface RagFlags extends TurnFlags {
   stepBack?: boolean;
   stepModel?: string;
   stepTimeout?: number;
+  rerank?: RerankMethod;
+  rerankDepth?: number;
+  promptMode?: PromptMode;
 }
 
 /** One line on what the turn put in the prompt and what it cost, and the session it went to. */
@@ -42,10 +47,11 @@ export function ragSummary(r: RAGResponse): string {
 }
 
 function checkFlags(flags: RagFlags): void {
-  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"]];
+  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"]];
   for (const [k, name] of kbOnly) if (flags[k] !== undefined && flags.collection === undefined) throw new Error(`${name} needs --collection`);
   // commander sets iterative to true by default (--no-iterative): only false is the user's.
   if (flags.iterative === false && flags.decompose === undefined) throw new Error("--no-iterative needs --decompose");
+  if (flags.rerankDepth !== undefined && flags.rerank === undefined) throw new Error("--rerank-depth needs --rerank");
 }
 
 /** The query transformations the flags ask for; undefined when none (the turn is the baseline's). */
@@ -72,7 +78,8 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
       useMemories: flags.memory,
-      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags) } : {}),
+      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth } : {}),
+      promptMode: flags.promptMode,
     });
     if (flags.query !== undefined) {
       const query = flags.query;
@@ -106,6 +113,9 @@ export function ragOptions(c: Command): Command {
     .option("--decompose <n>", "split a multi-hop question into at most N sub-queries (2-5), retrieved one after the other (an LLM step)", intOption("--decompose", 2, 5))
     .option("--no-iterative", "with --decompose: search each sub-query as written, not refined with what the earlier ones found")
     .option("--step-back", "also search a more general (step-back) question written by the model")
+    .option("--rerank <method>", "rerank the collection's results: lexical (cosine + query-term coverage, no model call) or llm (the step model judges each passage yes/no)", choiceOption("--rerank", RERANK_METHODS))
+    .option("--rerank-depth <n>", "results searched and reranked before the best --top-k are kept (default max(20, 4 × top-k))", intOption("--rerank-depth", 1, 100))
+    .option("--prompt-mode <mode>", "simple, advanced (combine and cite blocks) or precise (only what the context states, every sentence cited)", choiceOption("--prompt-mode", PROMPT_MODES))
     .option("--step-model <path>", "the model the LLM steps run on (default: --model)")
     .option("--step-timeout <ms>", "milliseconds an LLM step may take before its fallback is used (default 30000)", intOption("--step-timeout", 1, 3_600_000))
     .option("--layout <layout>", "auto (chat template when the model has one), seed (seed 000's plain layout) or chat", choiceOption("--layout", ["auto", "seed", "chat"] as const));

@@ -36,6 +36,8 @@ import { Model, type LoadOptions } from "../engine/model.js";
 import { ModelStepBackend, StepRunner, type StepBackend, type StepRecord } from "./pipeline/steps.js";
 import { checkQueryTransform, type QueryTransformOptions } from "./pipeline/query-transform.js";
 import { retrieveTransformed, type RetrievalHop } from "./pipeline/transformed-retrieval.js";
+import { checkRerankMethod, rerank, type Reranked, type RerankMethod } from "./pipeline/rerank.js";
+import { checkPromptMode, withPromptMode, type PromptMode } from "./pipeline/prompt-modes.js";
 
 export type KbMode = "text" | "kv";
 
@@ -89,6 +91,12 @@ export interface RAGChatOptions extends TurnOptions {
   kbHyde?: boolean;
   /** Query transformations before the knowledge-base search (needs a collection): rewrite, decompose, step-back. */
   queryTransform?: QueryTransformOptions;
+  /** Rerank the knowledge-base results (needs a collection): "lexical" (no model call) or "llm" (the step model's yes/no judgement). */
+  rerank?: RerankMethod;
+  /** With rerank: how many results are searched and reranked before the best kbTopK are kept. Default max(20, 4 × kbTopK), at most 100. */
+  rerankDepth?: number;
+  /** How the model is told to use the context: "simple", "advanced" or "precise" (see prompt-modes.ts). Default: none (the system prompt as it is). */
+  promptMode?: PromptMode;
 }
 
 /** What the query pipeline did in a turn: its steps (prompt, raw output, parsed result) and its searches. */
@@ -99,6 +107,8 @@ export interface PipelineTrace {
   subQueries: string[];
   stepBack: string | null;
   hops: RetrievalHop[];
+  /** The rerank, when the turn asked for one. */
+  rerank: Reranked | null;
 }
 
 export interface RAGMemoryUsed {
@@ -256,7 +266,9 @@ export class RAGSystem {
     if (opts.collection !== undefined && this.knowledgeBase !== null) {
       const kbase = this.knowledgeBase;
       const limit = opts.kbTopK ?? this.rag.kbTopK;
-      const so: KbSearchOptions = { collection: opts.collection, limit, filter: opts.kbFilter, minScore: opts.kbMinScore };
+      // A rerank needs more candidates than the prompt keeps: it decides which of them make it.
+      const depth = opts.rerank === undefined ? limit : (opts.rerankDepth ?? Math.min(100, Math.max(20, 4 * limit)));
+      const so: KbSearchOptions = { collection: opts.collection, limit: depth, filter: opts.kbFilter, minScore: opts.kbMinScore };
       if (opts.kbMultiQuery !== undefined || opts.kbHyde) {
         so.expand = { multiQuery: opts.kbMultiQuery, hyde: opts.kbHyde, generate: (prompt, maxNewTokens) => this.expansion(opts.userId, prompt, maxNewTokens, opts.signal) };
       }
@@ -266,11 +278,17 @@ export class RAGSystem {
         return found.results;
       };
       const qt = opts.queryTransform;
-      if (qt !== undefined && (qt.rewrite === true || (qt.decompose ?? 0) >= 2 || qt.stepBack === true)) {
+      if ((qt !== undefined && (qt.rewrite === true || (qt.decompose ?? 0) >= 2 || qt.stepBack === true)) || opts.rerank !== undefined) {
         const steps = this.stepRunner(opts.userId, opts.signal);
-        const r = await retrieveTransformed(steps, query, history, qt, { search, id: (x) => x.chunk.id, text: (x) => x.chunk.text }, limit);
+        const r = await retrieveTransformed(steps, query, history, qt ?? {}, { search, id: (x) => x.chunk.id, text: (x) => x.chunk.text }, depth);
         kb = r.results;
-        pipeline = { steps: steps.records, query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops };
+        let reranked: Reranked | null = null;
+        if (opts.rerank !== undefined) {
+          const rr = await rerank(opts.rerank, r.query, kb.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: kbase.embedder, steps });
+          kb = rr.ranked.slice(0, limit).map((c) => c.result);
+          reranked = rr.trace;
+        }
+        pipeline = { steps: steps.records, query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops, rerank: reranked };
       } else kb = await search(query);
       kbQueries = [...new Set(kbQueries)];
     }
@@ -282,7 +300,7 @@ export class RAGSystem {
     const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
     const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
     if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
-    const systemPrompt = opts.systemPrompt ?? this.config.systemPrompt;
+    const systemPrompt = withPromptMode(opts.systemPrompt ?? this.config.systemPrompt, opts.promptMode);
     const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
     const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout });
     const used = candidates.slice(0, built.contextsUsed);
@@ -463,4 +481,9 @@ function checkChat(query: unknown, opts: RAGChatOptions): void {
   if (opts.kbTopK !== undefined && (!Number.isInteger(opts.kbTopK) || opts.kbTopK < 1 || opts.kbTopK > 100)) throw new DkiArgumentError(`kbTopK must be an integer from 1 to 100, got ${String(opts.kbTopK)}`);
   checkQueryTransform(opts.queryTransform);
   if (opts.queryTransform !== undefined && opts.collection === undefined) throw new DkiArgumentError("queryTransform needs a collection: it transforms the knowledge-base search");
+  checkRerankMethod(opts.rerank);
+  if (opts.rerank !== undefined && opts.collection === undefined) throw new DkiArgumentError("rerank needs a collection: it reorders the knowledge-base results");
+  if (opts.rerankDepth !== undefined && opts.rerank === undefined) throw new DkiArgumentError("rerankDepth needs rerank");
+  if (opts.rerankDepth !== undefined && (!Number.isInteger(opts.rerankDepth) || opts.rerankDepth < 1 || opts.rerankDepth > 100)) throw new DkiArgumentError(`rerankDepth must be an integer from 1 to 100, got ${String(opts.rerankDepth)}`);
+  checkPromptMode(opts.promptMode);
 }

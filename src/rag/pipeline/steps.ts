@@ -151,15 +151,15 @@ export class StepRunner {
    * A step whose answer is one of `options`: constrained where the backend can (`choose`), else
    * generated and parsed as the first option word in the output.
    */
-  async choice<C extends string>(step: string, prompt: string, options: readonly C[], fallback: C): Promise<C> {
+  async choice<C extends string, F = C>(step: string, prompt: string, options: readonly C[], fallback: F): Promise<C | F> {
     const choose = this.backend.choose?.bind(this.backend);
     if (choose !== undefined) {
-      return this.run(step, prompt, fallback, true, async (signal) => {
+      return this.run<C | F>(step, prompt, fallback, true, async (signal) => {
         const r = await choose(prompt, options, { signal });
         return { raw: options[r.index]!, parsed: options[r.index]!, scores: r.scores };
       });
     }
-    return this.text(step, prompt, 8, (raw) => parseChoice(raw, options), fallback);
+    return this.text<C | F>(step, prompt, 8, (raw) => parseChoice(raw, options), fallback);
   }
 
   private async run<T>(step: string, prompt: string, fallback: T, constrained: boolean, call: (signal: AbortSignal) => Promise<{ raw: string; parsed?: T; error?: string; scores?: number[] }>): Promise<T> {
