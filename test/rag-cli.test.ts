@@ -57,6 +57,10 @@ describe("dki rag", () => {
     expect(rr.metadata.pipeline.rerank.method).toBe("lexical");
     expect(rr.sources[0].chunk_id).toBe(rr.metadata.pipeline.rerank.after[0]);
     expect(rr.prompt_info.final_prompt).toMatch(/^System: .*Answer only with facts stated/s);
+    const sr = JSON.parse((await dki(["rag", ...base, "--self-rag", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(sr.metadata.pipeline.self_rag.config.max_rounds).toBe(3);
+    const ad = JSON.parse((await dki(["rag", ...base, "--adaptive", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(ad.metadata.pipeline.adaptive.query_class).toMatch(/^(no_retrieval|simple|multi_hop)$/);
     const text = await dki(["rag", ...base, "--step-back", "--query", "How many vacation days?"]);
     expect(text.stderr).toMatch(/\| searched: "How many vacation days\?"/);
   });
@@ -73,6 +77,8 @@ describe("dki rag", () => {
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank", "cross", "--query", "q"])).toMatch(/--rerank/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank-depth", "5", "--query", "q"])).toMatch(/--rerank-depth needs --rerank/);
     expect(await dkiFails(["rag", ...base, "--prompt-mode", "loud", "--query", "q"])).toMatch(/--prompt-mode/);
+    expect(await dkiFails(["rag", ...base, "--self-rag", "--query", "q"])).toMatch(/--self-rag needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--adaptive", "--query", "q"])).toMatch(/--adaptive needs --collection/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--decompose", "9", "--query", "q"])).toMatch(/--decompose must be an integer in \[2, 5\], got "9"/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--no-iterative", "--query", "q"])).toMatch(/--no-iterative needs --decompose/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--step-back", "--step-model", join(model, "config.json"), "--query", "q"])).toMatch(/--step-model must be a model folder or a \.gguf file/);

@@ -31,6 +31,8 @@ export interface RagFlags extends TurnFlags {
   rerank?: RerankMethod;
   rerankDepth?: number;
   promptMode?: PromptMode;
+  selfRag?: boolean;
+  adaptive?: boolean;
 }
 
 /** One line on what the turn put in the prompt and what it cost, and the session it went to. */
@@ -47,7 +49,7 @@ export function ragSummary(r: RAGResponse): string {
 }
 
 function checkFlags(flags: RagFlags): void {
-  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"]];
+  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"], ["selfRag", "--self-rag"], ["adaptive", "--adaptive"]];
   for (const [k, name] of kbOnly) if (flags[k] !== undefined && flags.collection === undefined) throw new Error(`${name} needs --collection`);
   // commander sets iterative to true by default (--no-iterative): only false is the user's.
   if (flags.iterative === false && flags.decompose === undefined) throw new Error("--no-iterative needs --decompose");
@@ -78,7 +80,7 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
       useMemories: flags.memory,
-      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth } : {}),
+      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth, selfRag: flags.selfRag, adaptive: flags.adaptive } : {}),
       promptMode: flags.promptMode,
     });
     if (flags.query !== undefined) {
@@ -116,6 +118,8 @@ export function ragOptions(c: Command): Command {
     .option("--rerank <method>", "rerank the collection's results: lexical (cosine + query-term coverage, no model call) or llm (the step model judges each passage yes/no)", choiceOption("--rerank", RERANK_METHODS))
     .option("--rerank-depth <n>", "results searched and reranked before the best --top-k are kept (default max(20, 4 × top-k))", intOption("--rerank-depth", 1, 100))
     .option("--prompt-mode <mode>", "simple, advanced (combine and cite blocks) or precise (only what the context states, every sentence cited)", choiceOption("--prompt-mode", PROMPT_MODES))
+    .option("--self-rag", "Self-RAG: the model decides whether to search, grades the passages and its answer, and reformulates (at most 3 rounds); the answer is printed once accepted")
+    .option("--adaptive", "Adaptive RAG: classify the query (none / simple / complex) and search accordingly (none / one search / decomposed)")
     .option("--step-model <path>", "the model the LLM steps run on (default: --model)")
     .option("--step-timeout <ms>", "milliseconds an LLM step may take before its fallback is used (default 30000)", intOption("--step-timeout", 1, 3_600_000))
     .option("--layout <layout>", "auto (chat template when the model has one), seed (seed 000's plain layout) or chat", choiceOption("--layout", ["auto", "seed", "chat"] as const));

@@ -38,6 +38,8 @@ import { checkQueryTransform, type QueryTransformOptions } from "./pipeline/quer
 import { retrieveTransformed, type RetrievalHop } from "./pipeline/transformed-retrieval.js";
 import { checkRerankMethod, rerank, type Reranked, type RerankMethod } from "./pipeline/rerank.js";
 import { checkPromptMode, withPromptMode, type PromptMode } from "./pipeline/prompt-modes.js";
+import { resolveSelfRag, runSelfRag, type SelfRagConfig, type SelfRagTrace } from "./pipeline/self-rag.js";
+import { classifyQuery, resolveStrategies, StrategyLedger, type QueryClass, type Strategy, type StrategyStats } from "./pipeline/adaptive.js";
 
 export type KbMode = "text" | "kv";
 
@@ -63,6 +65,8 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   cacheDir?: string;
   /** The LLM steps of the query pipeline (rewrite, decompose, step-back, …). */
   steps?: StepsOptions;
+  /** Adaptive RAG's strategy per query class (default: no_retrieval direct, simple standard, multi_hop decompose). */
+  adaptive?: Partial<Record<QueryClass, Strategy>>;
 }
 
 export interface StepsOptions {
@@ -97,6 +101,38 @@ export interface RAGChatOptions extends TurnOptions {
   rerankDepth?: number;
   /** How the model is told to use the context: "simple", "advanced" or "precise" (see prompt-modes.ts). Default: none (the system prompt as it is). */
   promptMode?: PromptMode;
+  /** Self-RAG (needs a collection): true for the defaults, or thresholds and rounds (see self-rag.ts). The chosen answer reaches onToken whole. */
+  selfRag?: boolean | Partial<SelfRagConfig>;
+  /** Adaptive RAG (needs a collection): classify the query and apply the strategy of its class (RAGSystemOptions.adaptive). */
+  adaptive?: boolean;
+}
+
+/** The class Adaptive RAG gave a query and the strategy it applied. */
+export interface AdaptiveChoice {
+  queryClass: QueryClass;
+  strategy: Strategy;
+}
+
+/** Self-RAG's decisions as the response shows them (chunk ids instead of chunks). */
+export type SelfRagSummary = Omit<SelfRagTrace<string>, "rounds"> & { rounds: (Omit<SelfRagTrace<string>["rounds"][number], "results"> & { chunkIds: string[] })[] };
+
+function selfRagSummary(t: SelfRagTrace<KbSearchResult>): SelfRagSummary {
+  return { ...t, rounds: t.rounds.map(({ results, ...r }) => ({ ...r, chunkIds: results.map((x) => x.chunk.id) })) };
+}
+
+/** A turn's options with the strategy applied (what the caller set explicitly stays). */
+function withStrategy(opts: RAGChatOptions, strategy: Strategy): RAGChatOptions {
+  switch (strategy) {
+    case "direct":
+    case "standard":
+      return opts;
+    case "rerank":
+      return { ...opts, rerank: opts.rerank ?? "lexical" };
+    case "decompose":
+      return { ...opts, queryTransform: { ...opts.queryTransform, decompose: opts.queryTransform?.decompose ?? 3 } };
+    case "self_rag":
+      return { ...opts, selfRag: opts.selfRag ?? true };
+  }
 }
 
 /** What the query pipeline did in a turn: its steps (prompt, raw output, parsed result) and its searches. */
@@ -109,6 +145,10 @@ export interface PipelineTrace {
   hops: RetrievalHop[];
   /** The rerank, when the turn asked for one. */
   rerank: Reranked | null;
+  /** Adaptive RAG's class and strategy, when the turn asked for it. */
+  adaptive: AdaptiveChoice | null;
+  /** Self-RAG's rounds, scores and decisions, when the turn asked for it. */
+  selfRag: SelfRagSummary | null;
 }
 
 export interface RAGMemoryUsed {
@@ -190,6 +230,7 @@ export class RAGSystem {
   private readonly ledger = new TurnLedger("RAGSystem");
   private readonly sessions = new SessionTurns();
   private cache: TieredKVCache | null = null;
+  private readonly strategyLedger = new StrategyLedger();
 
   private constructor(
     readonly model: Model,
@@ -201,6 +242,7 @@ export class RAGSystem {
     private readonly cacheDir: string,
     private readonly budgets: CacheBudgets,
     private readonly steps: ResolvedSteps,
+    private readonly strategies: Record<QueryClass, Strategy>,
   ) {
     this.counter = tokenCounter(model.tokenizer);
   }
@@ -215,10 +257,11 @@ export class RAGSystem {
         const ownedStepModel = typeof sm === "string" ? await Model.load(sm, o.steps?.loadOptions) : null;
         const model = ownedStepModel ?? (sm instanceof Model ? sm : sm === undefined ? p.model : null);
         const steps: ResolvedSteps = { model, backend: model === null ? (sm as StepBackend) : null, timeoutMs: o.steps?.timeoutMs, owned: ownedStepModel };
-        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps);
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive));
       },
       () => {
         checkStepsOptions(o.steps);
+        resolveStrategies(o.adaptive);
         return resolveRagConfig(o.rag);
       },
     );
@@ -235,6 +278,11 @@ export class RAGSystem {
     return this.ledger.stats();
   }
 
+  /** Adaptive RAG's statistics per strategy: queries, failures, mean latency, chunks and model calls. */
+  strategyStats(): Partial<Record<Strategy, StrategyStats>> {
+    return this.strategyLedger.stats();
+  }
+
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
     return this.ledger.track(() =>
@@ -245,7 +293,24 @@ export class RAGSystem {
     );
   }
 
+  /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
   private async turn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
+    // One step runner per turn: every LLM step of the turn is recorded in order.
+    const steps = this.stepRunner(opts.userId, opts.signal);
+    if (opts.adaptive !== true) return this.answerTurn(query, opts, sessionWaitMs, steps, null);
+    const queryClass = await classifyQuery(steps, query);
+    const strategy = this.strategies[queryClass];
+    try {
+      const r = await this.answerTurn(query, withStrategy(opts, strategy), sessionWaitMs, steps, { queryClass, strategy });
+      this.strategyLedger.record(strategy, { ok: true, latencyMs: r.latency.totalMs, retrieved: r.sources.filter((x) => x.kind === "chunk").length, modelCalls: steps.calls + 1 });
+      return r;
+    } catch (e) {
+      this.strategyLedger.record(strategy, { ok: false, latencyMs: 0, retrieved: 0, modelCalls: 0 });
+      throw e;
+    }
+  }
+
+  private async answerTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number, steps: StepRunner, adaptive: AdaptiveChoice | null): Promise<RAGResponse> {
     // From the call: the wait behind the session's earlier turns counts, as in DKISystem.
     const t0 = performance.now() - sessionWaitMs;
     const kbMode: KbMode | null = opts.collection === undefined ? null : (opts.kbMode ?? "text");
@@ -260,10 +325,51 @@ export class RAGSystem {
     const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
     const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
     const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
+    const { kept, leftOut } = this.withinMemoryBudget(routed);
+    const systemPrompt = withPromptMode(opts.systemPrompt ?? this.config.systemPrompt, opts.promptMode);
+    const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
+
+    // Prompt and generation for a set of chunks: memories then (text mode) chunks as numbered
+    // blocks, history, query. Self-RAG drafts with it (not streamed: a draft may be rejected).
+    const generateFrom = async (kb: KbSearchResult[], stream: boolean) => {
+      const tp = performance.now();
+      const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
+      const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
+      if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
+      const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout });
+      const used = candidates.slice(0, built.contextsUsed);
+      lat.promptMs += performance.now() - tp;
+      const tq = performance.now();
+      let ttftAt = 0;
+      const onToken = (text: string, id: number) => {
+        if (ttftAt === 0) ttftAt = performance.now();
+        if (stream) opts.onToken?.(text, id);
+      };
+      const g = await this.queue.run(
+        opts.userId,
+        async () => {
+          lat.queueMs = sessionWaitMs + (performance.now() - tq);
+          let assembly: Assembly | null = null;
+          if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
+          try {
+            const segments: Segment[] = assembly?.segments ?? [];
+            const genStart = performance.now();
+            const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
+            return { result, genStart, injectedTokens: assembly?.tokens ?? 0 };
+          } finally {
+            assembly?.release();
+          }
+        },
+        opts.signal,
+      );
+      return { ...g, candidates, chunkSources, built, used, ttftAt };
+    };
+
     let kb: KbSearchResult[] = [];
     let kbQueries: string[] = [];
     let pipeline: PipelineTrace | null = null;
-    if (opts.collection !== undefined && this.knowledgeBase !== null) {
+    let gen: Awaited<ReturnType<typeof generateFrom>> | null = null;
+    if (opts.collection !== undefined && this.knowledgeBase !== null && adaptive?.strategy !== "direct") {
       const kbase = this.knowledgeBase;
       const limit = opts.kbTopK ?? this.rag.kbTopK;
       // A rerank needs more candidates than the prompt keeps: it decides which of them make it.
@@ -277,58 +383,56 @@ export class RAGSystem {
         kbQueries.push(...found.queries);
         return found.results;
       };
+      // The retrieval of one query: its transformations, then the rerank (each only when asked for).
       const qt = opts.queryTransform;
-      if ((qt !== undefined && (qt.rewrite === true || (qt.decompose ?? 0) >= 2 || qt.stepBack === true)) || opts.rerank !== undefined) {
-        const steps = this.stepRunner(opts.userId, opts.signal);
-        const r = await retrieveTransformed(steps, query, history, qt ?? {}, { search, id: (x) => x.chunk.id, text: (x) => x.chunk.text }, depth);
-        kb = r.results;
+      const retrieve = async (q: string): Promise<{ results: KbSearchResult[]; trace: Omit<PipelineTrace, "steps" | "adaptive" | "selfRag"> }> => {
+        const r = await retrieveTransformed(steps, q, history, qt ?? {}, { search, id: (x) => x.chunk.id, text: (x) => x.chunk.text }, depth);
+        let results = r.results;
         let reranked: Reranked | null = null;
         if (opts.rerank !== undefined) {
-          const rr = await rerank(opts.rerank, r.query, kb.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: kbase.embedder, steps });
-          kb = rr.ranked.slice(0, limit).map((c) => c.result);
+          const rr = await rerank(opts.rerank, r.query, results.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: kbase.embedder, steps });
+          results = rr.ranked.slice(0, limit).map((c) => c.result);
           reranked = rr.trace;
         }
-        pipeline = { steps: steps.records, query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops, rerank: reranked };
+        return { results, trace: { query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops, rerank: reranked } };
+      };
+      if (opts.selfRag !== undefined && opts.selfRag !== false) {
+        const cfg = resolveSelfRag(opts.selfRag === true ? undefined : opts.selfRag);
+        const drafts: { results: KbSearchResult[]; gen: Awaited<ReturnType<typeof generateFrom>> }[] = [];
+        let last: Omit<PipelineTrace, "steps" | "adaptive" | "selfRag"> | null = null;
+        const sr = await runSelfRag(query, cfg, {
+          steps,
+          retrieve: async (q) => {
+            const r = await retrieve(q);
+            last = r.trace;
+            return r.results;
+          },
+          candidate: (x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score }),
+          answer: async (_q, results) => {
+            const g = await generateFrom(results, false);
+            drafts.push({ results, gen: g });
+            return g.result.text;
+          },
+        });
+        kb = sr.results;
+        gen = drafts.find((d) => d.results === sr.results)!.gen;
+        // The chosen answer reaches onToken whole, once it is accepted (drafts are not streamed).
+        if (gen.result.text !== "") opts.onToken?.(gen.result.text, gen.result.tokens[gen.result.tokens.length - 1] ?? -1);
+        const tr = last ?? { query, subQueries: [query], stepBack: null, hops: [], rerank: null };
+        pipeline = { steps: steps.records, ...tr, adaptive, selfRag: selfRagSummary(sr.trace) };
+      } else if ((qt !== undefined && (qt.rewrite === true || (qt.decompose ?? 0) >= 2 || qt.stepBack === true)) || opts.rerank !== undefined || adaptive !== null) {
+        const r = await retrieve(query);
+        kb = r.results;
+        pipeline = { steps: steps.records, ...r.trace, adaptive, selfRag: null };
       } else kb = await search(query);
       kbQueries = [...new Set(kbQueries)];
+    } else if (adaptive !== null) {
+      pipeline = { steps: steps.records, query, subQueries: [], stepBack: null, hops: [], rerank: null, adaptive, selfRag: null };
     }
-    lat.routingMs = performance.now() - t;
+    lat.routingMs = performance.now() - t - lat.promptMs;
 
-    // Prompt: memories then (text mode) chunks as numbered blocks, history, query.
-    t = performance.now();
-    const { kept, leftOut } = this.withinMemoryBudget(routed);
-    const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
-    const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
-    if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
-    const systemPrompt = withPromptMode(opts.systemPrompt ?? this.config.systemPrompt, opts.promptMode);
-    const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
-    const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout });
-    const used = candidates.slice(0, built.contextsUsed);
-    lat.promptMs = performance.now() - t;
-
-    const tq = performance.now();
-    let ttftAt = 0;
-    const onToken = (text: string, id: number) => {
-      if (ttftAt === 0) ttftAt = performance.now();
-      opts.onToken?.(text, id);
-    };
-    const { result, genStart, assembly } = await this.queue.run(
-      opts.userId,
-      async () => {
-        lat.queueMs = sessionWaitMs + (performance.now() - tq);
-        let assembly: Assembly | null = null;
-        if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
-        try {
-          const segments: Segment[] = assembly?.segments ?? [];
-          const genStart = performance.now();
-          const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
-          return { result, genStart, assembly };
-        } finally {
-          assembly?.release();
-        }
-      },
-      opts.signal,
-    );
+    gen ??= await generateFrom(kb, true);
+    const { result, genStart, candidates, chunkSources, built, used, ttftAt, injectedTokens } = gen;
     lat.prefillMs = result.stats.prefillMs;
     lat.decodeMs = result.stats.decodeMs;
     lat.ttftMs = ttftAt > 0 ? ttftAt - t0 : genStart - t0 + result.stats.timeToFirstTokenMs;
@@ -342,7 +446,6 @@ export class RAGSystem {
     });
     const sources = kbMode === "kv" ? [...used.map((c) => c.source), ...chunkSources] : used.map((c) => c.source);
     const citations = extractCitations(result.text, used.map((c) => c.source));
-    const injectedTokens = assembly?.tokens ?? 0;
     const contextTokens = built.tokenCounts.context;
     const response: RAGResponse = {
       text: result.text,
@@ -486,4 +589,10 @@ function checkChat(query: unknown, opts: RAGChatOptions): void {
   if (opts.rerankDepth !== undefined && opts.rerank === undefined) throw new DkiArgumentError("rerankDepth needs rerank");
   if (opts.rerankDepth !== undefined && (!Number.isInteger(opts.rerankDepth) || opts.rerankDepth < 1 || opts.rerankDepth > 100)) throw new DkiArgumentError(`rerankDepth must be an integer from 1 to 100, got ${String(opts.rerankDepth)}`);
   checkPromptMode(opts.promptMode);
+  if (opts.selfRag !== undefined && opts.selfRag !== false) {
+    resolveSelfRag(opts.selfRag === true ? undefined : opts.selfRag);
+    if (opts.collection === undefined) throw new DkiArgumentError("selfRag needs a collection: it decides around the knowledge-base search");
+  }
+  if (opts.adaptive !== undefined && typeof opts.adaptive !== "boolean") throw new DkiArgumentError(`adaptive must be a boolean, got ${JSON.stringify(opts.adaptive)}`);
+  if (opts.adaptive === true && opts.collection === undefined) throw new DkiArgumentError("adaptive needs a collection: its strategies are knowledge-base searches");
 }

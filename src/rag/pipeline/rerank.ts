@@ -16,7 +16,7 @@
 import { DkiArgumentError } from "../../errors.js";
 import { STOP_WORDS, terms } from "../../memory/text-terms.js";
 import type { Embedder } from "../../memory/types.js";
-import type { StepRunner } from "./steps.js";
+import { yesProbability, type StepRunner } from "./steps.js";
 
 export type RerankMethod = "lexical" | "llm";
 export const RERANK_METHODS: readonly RerankMethod[] = ["lexical", "llm"];
@@ -75,19 +75,9 @@ const JUDGE_PASSAGE_CHARS = 1500;
 export const RELEVANCE_PROMPT = (query: string, passage: string) =>
   `Does the passage below help answer the question? Answer yes or no.\n\nQuestion: ${query}\n\nPassage: ${passage.slice(0, JUDGE_PASSAGE_CHARS)}\n\nAnswer:`;
 
-export async function llmScores(steps: StepRunner, query: string, candidates: readonly RerankCandidate[]): Promise<number[]> {
+export async function llmScores(steps: StepRunner, query: string, candidates: readonly RerankCandidate[], step = "rerank"): Promise<number[]> {
   const out: number[] = [];
-  for (const c of candidates) {
-    const before = steps.records.length;
-    const v = await steps.choice("rerank", RELEVANCE_PROMPT(query, c.text), ["yes", "no"] as const, null);
-    const rec = steps.records[before]!;
-    if (v === null) out.push(c.score);
-    else if (rec.scores !== undefined && rec.scores.length === 2) {
-      // P(yes) of the two-way choice: softmax over the options' log-probabilities.
-      const [y, n] = rec.scores as [number, number];
-      out.push(1 / (1 + Math.exp(n - y)));
-    } else out.push(v === "yes" ? 1 : 0);
-  }
+  for (const c of candidates) out.push((await yesProbability(steps, step, RELEVANCE_PROMPT(query, c.text))) ?? c.score);
   return out;
 }
 

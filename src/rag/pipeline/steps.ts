@@ -199,3 +199,12 @@ export function parseChoice<C extends string>(raw: string, options: readonly C[]
   }
   return undefined;
 }
+
+/** P(yes) of a yes/no step: from the constrained choice's log-probabilities, else the parsed word; null when it fell back. */
+export async function yesProbability(steps: StepRunner, step: string, prompt: string): Promise<number | null> {
+  const before = steps.records.length;
+  const v = await steps.choice(step, prompt, ["yes", "no"] as const, null);
+  if (v === null) return null;
+  const s = steps.records[before]!.scores;
+  return s !== undefined && s.length === 2 ? 1 / (1 + Math.exp(s[1]! - s[0]!)) : v === "yes" ? 1 : 0;
+}
