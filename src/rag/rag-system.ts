@@ -16,7 +16,7 @@
 // quality than text on such a model.
 import { performance } from "node:perf_hooks";
 import type { Segment } from "../engine/model.js";
-import type { FinishReason } from "../engine/generate.js";
+import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
@@ -39,6 +39,7 @@ import { retrieveTransformed, type RetrievalHop } from "./pipeline/transformed-r
 import { checkRerankMethod, rerank, type Reranked, type RerankMethod } from "./pipeline/rerank.js";
 import { checkPromptMode, withPromptMode, type PromptMode } from "./pipeline/prompt-modes.js";
 import { resolveSelfRag, runSelfRag, type SelfRagConfig, type SelfRagTrace } from "./pipeline/self-rag.js";
+import { citationConfidence, CITATION_FORMATS, formatCitations, unsupportedClaims, type CitationFormat, type ScoredCitation, type UnsupportedClaim } from "./pipeline/citation-quality.js";
 import { classifyQuery, resolveStrategies, StrategyLedger, type QueryClass, type Strategy, type StrategyStats } from "./pipeline/adaptive.js";
 
 export type KbMode = "text" | "kv";
@@ -50,9 +51,14 @@ export interface RAGConfig {
   layout: PromptLayout | "auto";
   /** Knowledge-base chunks per turn. Default 5. */
   kbTopK: number;
+  /** A first context block too long for the context share is cut to fit instead of dropped. Default false (seed 000 drops it). */
+  truncateFirstContext: boolean;
 }
 
-export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5 });
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false });
+
+/** What a turn answers, without generating, when its search found nothing (emptyRetrieval "answer"). */
+export const NO_RELEVANT_INFORMATION = "I found no relevant information to answer this question.";
 
 /** DKISystem's open options (the same checks, model ownership and store opening), and: */
 export interface RAGSystemOptions extends SystemOpenOptions {
@@ -105,7 +111,25 @@ export interface RAGChatOptions extends TurnOptions {
   selfRag?: boolean | Partial<SelfRagConfig>;
   /** Adaptive RAG (needs a collection): classify the query and apply the strategy of its class (RAGSystemOptions.adaptive). */
   adaptive?: boolean;
+  /** Score the answer's citations, find its unsupported claims, and render it in a citation format (metadata.citationQuality). */
+  citations?: { format?: CitationFormat; unsupportedThreshold?: number };
+  /**
+   * When the collection search finds nothing and no memory is used: "generate" (default, seed 000:
+   * answer without context) or "answer": reply NO_RELEVANT_INFORMATION without calling the model.
+   */
+  emptyRetrieval?: "generate" | "answer";
 }
+
+export interface CitationQuality {
+  /** Per cited block: 0.4 similarity + 0.4 position + 0.2 coverage (citation-quality.ts). */
+  confidence: ScoredCitation[];
+  unsupported: UnsupportedClaim[];
+  /** The answer in the asked format; null without one. */
+  formatted: string | null;
+}
+
+/** One query of a batch: its response, or why it failed. */
+export type RAGBatchItem = { index: number; query: string } & ({ ok: true; response: RAGResponse } | { ok: false; error: string });
 
 /** The class Adaptive RAG gave a query and the strategy it applied. */
 export interface AdaptiveChoice {
@@ -202,6 +226,10 @@ export interface RAGResponse {
     kbQueries: string[];
     /** The query pipeline's trace; null when the turn used none of its steps. */
     pipeline: PipelineTrace | null;
+    /** true when the turn answered NO_RELEVANT_INFORMATION without the model (emptyRetrieval "answer"). */
+    noRelevantInformation: boolean;
+    /** With the citations option: confidences, unsupported claims, the formatted answer; else null. */
+    citationQuality: CitationQuality | null;
   };
 }
 
@@ -212,6 +240,16 @@ interface ResolvedSteps {
   timeoutMs: number | undefined;
   /** A step model loaded from a path: disposed on close. */
   owned: Model | null;
+}
+
+/** The result of a turn answered without the model (a fixed reply): no tokens generated, no time spent. */
+function fixedResult(text: string, promptTokens: number): GenerateResult {
+  return {
+    text,
+    tokens: [],
+    finishReason: "stop",
+    stats: { promptTokens, segmentTokens: 0, generatedTokens: 0, prefillMs: 0, prefillTokPerS: 0, decodeMs: 0, decodeTokPerS: 0, timeToFirstTokenMs: 0, firstTokenEntropy: 0 },
+  };
 }
 
 function checkStepsOptions(o: StepsOptions | undefined): void {
@@ -283,6 +321,26 @@ export class RAGSystem {
     return this.strategyLedger.stats();
   }
 
+  /**
+   * Several queries, one turn each in order (the same options and session), every one answered or
+   * failed on its own: a bad or failing query becomes an error item, the others still run. An abort
+   * of opts.signal fails the queries not yet answered (each says so).
+   */
+  async batch(queries: readonly string[], opts: RAGChatOptions): Promise<RAGBatchItem[]> {
+    this.ledger.checkOpen();
+    if (!Array.isArray(queries)) throw new DkiArgumentError("batch needs an array of queries");
+    const out: RAGBatchItem[] = [];
+    for (let index = 0; index < queries.length; index++) {
+      const query = queries[index]!;
+      try {
+        out.push({ index, query, ok: true, response: await this.chat(query, opts) });
+      } catch (e) {
+        out.push({ index, query, ok: false, error: e instanceof Error ? e.message : String(e) });
+      }
+    }
+    return out;
+  }
+
   /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
     return this.ledger.track(() =>
@@ -331,12 +389,12 @@ export class RAGSystem {
 
     // Prompt and generation for a set of chunks: memories then (text mode) chunks as numbered
     // blocks, history, query. Self-RAG drafts with it (not streamed: a draft may be rejected).
-    const generateFrom = async (kb: KbSearchResult[], stream: boolean) => {
+    const generateFrom = async (kb: KbSearchResult[], stream: boolean, fixedText?: string) => {
       const tp = performance.now();
       const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
       const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
       if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
-      const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout });
+      const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout, truncateFirstContext: this.rag.truncateFirstContext });
       const used = candidates.slice(0, built.contextsUsed);
       lat.promptMs += performance.now() - tp;
       const tq = performance.now();
@@ -345,23 +403,25 @@ export class RAGSystem {
         if (ttftAt === 0) ttftAt = performance.now();
         if (stream) opts.onToken?.(text, id);
       };
-      const g = await this.queue.run(
-        opts.userId,
-        async () => {
-          lat.queueMs = sessionWaitMs + (performance.now() - tq);
-          let assembly: Assembly | null = null;
-          if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
-          try {
-            const segments: Segment[] = assembly?.segments ?? [];
-            const genStart = performance.now();
-            const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
-            return { result, genStart, injectedTokens: assembly?.tokens ?? 0 };
-          } finally {
-            assembly?.release();
-          }
-        },
-        opts.signal,
-      );
+      const generate = () =>
+        this.queue.run(
+          opts.userId,
+          async () => {
+            lat.queueMs = sessionWaitMs + (performance.now() - tq);
+            let assembly: Assembly | null = null;
+            if (kbMode === "kv" && kb.length > 0) assembly = await this.kvChunks(kb, systemPrompt ?? "", layout, lat);
+            try {
+              const segments: Segment[] = assembly?.segments ?? [];
+              const genStart = performance.now();
+              const result = await this.model.generate({ tokens: built.tokens }, { segments, positions: "negative", maxNewTokens: opts.maxNewTokens, sampling: opts.sampling, stop: opts.stop, onToken, signal: opts.signal, stopOnAbortSignal: opts.stopOnAbortSignal });
+              return { result, genStart, injectedTokens: assembly?.tokens ?? 0 };
+            } finally {
+              assembly?.release();
+            }
+          },
+          opts.signal,
+        );
+      const g = fixedText !== undefined ? { result: fixedResult(fixedText, built.tokens.length), genStart: performance.now(), injectedTokens: 0 } : await generate();
       return { ...g, candidates, chunkSources, built, used, ttftAt };
     };
 
@@ -431,6 +491,13 @@ export class RAGSystem {
     }
     lat.routingMs = performance.now() - t - lat.promptMs;
 
+    // Nothing found and nothing remembered: the fixed answer, instead of the model without context.
+    const searched = opts.collection !== undefined && adaptive?.strategy !== "direct";
+    const noContext = searched && kb.length === 0 && kept.length === 0 && opts.emptyRetrieval === "answer";
+    if (noContext) {
+      gen = await generateFrom(kb, false, NO_RELEVANT_INFORMATION);
+      opts.onToken?.(NO_RELEVANT_INFORMATION, -1);
+    }
     gen ??= await generateFrom(kb, true);
     const { result, genStart, candidates, chunkSources, built, used, ttftAt, injectedTokens } = gen;
     lat.prefillMs = result.stats.prefillMs;
@@ -478,6 +545,8 @@ export class RAGSystem {
         log: built.log,
         kbQueries,
         pipeline,
+        noRelevantInformation: noContext,
+        citationQuality: opts.citations === undefined ? null : this.citationQuality(result.text, citations, used, opts.citations),
       },
     };
     const tr = performance.now();
@@ -544,6 +613,16 @@ export class RAGSystem {
     return a;
   }
 
+  private citationQuality(answer: string, map: CitationMap<ContextSource>, used: { text: string; source: ContextSource }[], o: NonNullable<RAGChatOptions["citations"]>): CitationQuality {
+    const blocks = used.map((c) => ({ text: c.text, score: c.source.score }));
+    const label = (s: ContextSource) => (s.kind === "chunk" ? sourceLabel(s) : `memory ${s.memoryId}`);
+    return {
+      confidence: citationConfidence(answer, map, blocks),
+      unsupported: unsupportedClaims(answer, blocks, o.unsupportedThreshold),
+      formatted: o.format === undefined ? null : formatCitations(answer, map, label, o.format),
+    };
+  }
+
   /** A turn's LLM steps: on the step model through the user's place in the fair queue, or on the custom backend. */
   private stepRunner(userId: string, signal?: AbortSignal): StepRunner {
     const s = this.steps;
@@ -574,6 +653,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
   if (!(typeof c.contextShare === "number" && c.contextShare >= 0 && c.contextShare <= 1)) throw new DkiArgumentError(`rag.contextShare must be in [0, 1], got ${String(c.contextShare)}`);
   if (c.layout !== "auto" && c.layout !== "seed" && c.layout !== "chat") throw new DkiArgumentError(`rag.layout must be "auto", "seed" or "chat", got ${JSON.stringify(c.layout)}`);
   if (!Number.isInteger(c.kbTopK) || c.kbTopK < 1 || c.kbTopK > 100) throw new DkiArgumentError(`rag.kbTopK must be an integer from 1 to 100, got ${String(c.kbTopK)}`);
+  if (typeof c.truncateFirstContext !== "boolean") throw new DkiArgumentError(`rag.truncateFirstContext must be a boolean, got ${JSON.stringify(c.truncateFirstContext)}`);
   return c;
 }
 
@@ -593,6 +673,13 @@ function checkChat(query: unknown, opts: RAGChatOptions): void {
     resolveSelfRag(opts.selfRag === true ? undefined : opts.selfRag);
     if (opts.collection === undefined) throw new DkiArgumentError("selfRag needs a collection: it decides around the knowledge-base search");
   }
+  if (opts.citations !== undefined) {
+    const c = opts.citations;
+    if (c === null || typeof c !== "object") throw new DkiArgumentError("citations must be an object { format?, unsupportedThreshold? }");
+    if (c.format !== undefined && !CITATION_FORMATS.includes(c.format)) throw new DkiArgumentError(`citations.format must be one of ${CITATION_FORMATS.join(", ")}, got ${JSON.stringify(c.format)}`);
+    if (c.unsupportedThreshold !== undefined && !(typeof c.unsupportedThreshold === "number" && c.unsupportedThreshold >= 0 && c.unsupportedThreshold <= 1)) throw new DkiArgumentError(`citations.unsupportedThreshold must be in [0, 1], got ${String(c.unsupportedThreshold)}`);
+  }
+  if (opts.emptyRetrieval !== undefined && opts.emptyRetrieval !== "generate" && opts.emptyRetrieval !== "answer") throw new DkiArgumentError(`emptyRetrieval must be "generate" or "answer", got ${JSON.stringify(opts.emptyRetrieval)}`);
   if (opts.adaptive !== undefined && typeof opts.adaptive !== "boolean") throw new DkiArgumentError(`adaptive must be a boolean, got ${JSON.stringify(opts.adaptive)}`);
   if (opts.adaptive === true && opts.collection === undefined) throw new DkiArgumentError("adaptive needs a collection: its strategies are knowledge-base searches");
 }
