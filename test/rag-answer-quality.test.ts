@@ -1,6 +1,7 @@
 // Citation confidence (0.4 similarity + 0.4 position + 0.2 coverage), unsupported-claim detection,
 // citation formats; the fallbacks (empty retrieval answered without the model, an oversize first
-// context cut instead of dropped) and batch queries with per-query errors, on a generated model.
+// context cut instead of dropped), batch queries with per-query errors, and the semantic answer
+// cache (threshold, scope, TTL on a clock the test moves, bounds), on a generated model.
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
@@ -12,6 +13,7 @@ import { buildRagPrompt } from "../src/rag/prompt-builder.js";
 import { extractCitations, sourceLabel } from "../src/rag/citations.js";
 import { citationConfidence, formatCitations, sentences, unsupportedClaims } from "../src/rag/pipeline/citation-quality.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
+import { resolveAnswerCache, SemanticAnswerCache } from "../src/rag/pipeline/answer-cache.js";
 import { smollm2Tokenizer, tempDir } from "./support/paths.js";
 
 let model: Model;
@@ -160,5 +162,63 @@ describe("batch", () => {
     const ok = items[0]!;
     expect(ok.ok && ok.response.metadata.collection).toBe("firms");
     await expect(rag.batch(["q"], { userId: "u", sessionId: "s" })).rejects.toThrow(/closed/);
+  });
+});
+
+describe("semantic answer cache", () => {
+  const v = (...x: number[]) => Float32Array.from(x);
+
+  test("a hit needs the scope, the threshold and a live entry; the oldest go past maxEntries", () => {
+    let now = 1000;
+    const c = new SemanticAnswerCache<string>(resolveAnswerCache({ ttlMs: 100, threshold: 0.9, maxEntries: 2, now: () => now }));
+    c.store("u1", "q1", v(1, 0), "a1");
+    expect(c.lookup("u1", v(1, 0.1))).toMatchObject({ value: "a1", query: "q1", ageMs: 0 });
+    expect(c.lookup("u1", v(1, 0.1))!.similarity).toBeCloseTo(1 / Math.sqrt(1.01), 6);
+    expect(c.lookup("u1", v(1, 1))).toBeNull(); // cosine 0.707 < 0.9
+    expect(c.lookup("u2", v(1, 0))).toBeNull(); // another scope
+    now += 100; // exactly the ttl: expired
+    expect(c.lookup("u1", v(1, 0))).toBeNull();
+    expect(c.size).toBe(0);
+    c.store("u1", "a", v(1, 0), "A");
+    c.store("u1", "b", v(0, 1), "B");
+    c.store("u1", "c", v(-1, 0), "C");
+    expect(c.size).toBe(2);
+    expect(c.lookup("u1", v(1, 0))).toBeNull(); // "a" was the oldest
+    expect(c.lookup("u1", v(0, 1))!.value).toBe("B");
+    expect([c.hits, c.misses]).toEqual([3, 4]);
+  });
+
+  test("bad options name the problem", () => {
+    expect(() => resolveAnswerCache({ ttlMs: 0 })).toThrow(/answerCache.ttlMs must be a positive integer/);
+    expect(() => resolveAnswerCache({ threshold: 0 })).toThrow(/answerCache.threshold must be in \(0, 1\]/);
+    expect(() => resolveAnswerCache({ maxEntries: 1.5 })).toThrow(/answerCache.maxEntries must be a positive integer/);
+  });
+
+  test("in RAGSystem: the same question again is answered from the cache (recorded, no tokens); another user, useCache false or an expired entry is not", async () => {
+    let now = 0;
+    const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, answerCache: { ttlMs: 60_000, now: () => now } });
+    const base = { sessionId: "s", maxNewTokens: 3, collection: "firms" };
+    const first = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u" });
+    const streamed: string[] = [];
+    const again = await rag.chat("how many engineers does Lumen Labs employ", { ...base, userId: "u", onToken: (t) => streamed.push(t) });
+    const other = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "w" });
+    const skipped = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u", useCache: false });
+    now = 60_000;
+    const expired = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u" });
+    const rows = await rag.store.conversations.list({ userId: "u", sessionId: "s", limit: 20 });
+    const stats = rag.cacheStats();
+    await rag.close();
+    expect(first.metadata.cache).toEqual({ hit: false, similarity: null, cachedQuery: null, ageMs: null });
+    expect(again.metadata.cache).toMatchObject({ hit: true, cachedQuery: "How many engineers does Lumen Labs employ?", ageMs: 0 });
+    expect(again.metadata.cache!.similarity).toBeGreaterThanOrEqual(0.95);
+    expect(again.text).toBe(first.text);
+    expect([again.inputTokens, again.outputTokens]).toEqual([0, 0]);
+    expect(streamed).toEqual([first.text]);
+    expect(other.metadata.cache!.hit).toBe(false);
+    expect(skipped.metadata.cache).toBeNull();
+    expect(expired.metadata.cache!.hit).toBe(false);
+    expect(rows.filter((r) => r.role === "assistant")).toHaveLength(4);
+    expect(stats).toEqual({ hits: 1, misses: 3, entries: 1 });
+    await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, answerCache: { threshold: 2 } })).rejects.toThrow(/answerCache.threshold/);
   });
 });

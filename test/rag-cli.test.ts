@@ -61,6 +61,11 @@ describe("dki rag", () => {
     expect(sr.metadata.pipeline.self_rag.config.max_rounds).toBe(3);
     const ad = JSON.parse((await dki(["rag", ...base, "--adaptive", "--query", "How many vacation days?", "--format", "json"])).stdout);
     expect(ad.metadata.pipeline.adaptive.query_class).toMatch(/^(no_retrieval|simple|multi_hop)$/);
+    const cq = JSON.parse((await dki(["rag", ...base, "--citations", "markdown", "--empty-retrieval", "answer", "--truncate-first-context", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(typeof cq.metadata.citation_quality.formatted).toBe("string");
+    expect(Array.isArray(cq.metadata.citation_quality.unsupported)).toBe(true);
+    const none = await dki(["rag", ...base, "--empty-retrieval", "answer", "--filter", '{"eq":{"category":"nothing"}}', "--query", "How many vacation days?"]);
+    expect(none.stdout).toBe("I found no relevant information to answer this question.\n");
     const text = await dki(["rag", ...base, "--step-back", "--query", "How many vacation days?"]);
     expect(text.stderr).toMatch(/\| searched: "How many vacation days\?"/);
   });
@@ -79,6 +84,8 @@ describe("dki rag", () => {
     expect(await dkiFails(["rag", ...base, "--prompt-mode", "loud", "--query", "q"])).toMatch(/--prompt-mode/);
     expect(await dkiFails(["rag", ...base, "--self-rag", "--query", "q"])).toMatch(/--self-rag needs --collection/);
     expect(await dkiFails(["rag", ...base, "--adaptive", "--query", "q"])).toMatch(/--adaptive needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--empty-retrieval", "answer", "--query", "q"])).toMatch(/--empty-retrieval needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--citations", "latex", "--query", "q"])).toMatch(/--citations must be one of markdown, html, plain, inline/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--decompose", "9", "--query", "q"])).toMatch(/--decompose must be an integer in \[2, 5\], got "9"/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--no-iterative", "--query", "q"])).toMatch(/--no-iterative needs --decompose/);
     expect(await dkiFails(["rag", ...base, "--collection", "hb", "--step-back", "--step-model", join(model, "config.json"), "--query", "q"])).toMatch(/--step-model must be a model folder or a \.gguf file/);

@@ -10,6 +10,7 @@ import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from ".
 import { openKnowledgeBase } from "./kb.js";
 import { RERANK_METHODS, type RerankMethod } from "../rag/pipeline/rerank.js";
 import { PROMPT_MODES, type PromptMode } from "../rag/pipeline/prompt-modes.js";
+import { CITATION_FORMATS, type CitationFormat } from "../rag/pipeline/citation-quality.js";
 import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
@@ -33,6 +34,9 @@ export interface RagFlags extends TurnFlags {
   promptMode?: PromptMode;
   selfRag?: boolean;
   adaptive?: boolean;
+  citations?: CitationFormat;
+  emptyRetrieval?: "generate" | "answer";
+  truncateFirstContext?: boolean;
 }
 
 /** One line on what the turn put in the prompt and what it cost, and the session it went to. */
@@ -45,11 +49,13 @@ export function ragSummary(r: RAGResponse): string {
   const p = r.metadata.pipeline;
   const fell = p === null ? [] : p.steps.filter((s) => s.fellBack).map((s) => s.step);
   const searched = p === null ? "" : ` | searched: ${p.hops.map((h) => JSON.stringify(h.query)).join(", ")}${fell.length > 0 ? ` (fell back: ${fell.join(", ")})` : ""}`;
-  return `[memories: ${mems}${kb}${searched}${cited} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
+  const q = r.metadata.citationQuality;
+  const quality = q === null ? "" : ` | confidence: ${q.confidence.length === 0 ? "no citations" : q.confidence.map((c) => `[${c.marker}] ${c.confidence.toFixed(2)}`).join(" ")}, ${q.unsupported.length} unsupported sentence(s)`;
+  return `[memories: ${mems}${kb}${searched}${cited}${quality} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
 }
 
 function checkFlags(flags: RagFlags): void {
-  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"], ["selfRag", "--self-rag"], ["adaptive", "--adaptive"]];
+  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"], ["selfRag", "--self-rag"], ["adaptive", "--adaptive"], ["emptyRetrieval", "--empty-retrieval"]];
   for (const [k, name] of kbOnly) if (flags[k] !== undefined && flags.collection === undefined) throw new Error(`${name} needs --collection`);
   // commander sets iterative to true by default (--no-iterative): only false is the user's.
   if (flags.iterative === false && flags.decompose === undefined) throw new Error("--no-iterative needs --decompose");
@@ -75,12 +81,13 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   let system: RAGSystem | null = null;
   try {
     if (kb !== null && flags.collection !== undefined) kb.getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout } });
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout } });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
       useMemories: flags.memory,
-      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth, selfRag: flags.selfRag, adaptive: flags.adaptive } : {}),
+      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth, selfRag: flags.selfRag, adaptive: flags.adaptive, emptyRetrieval: flags.emptyRetrieval } : {}),
+      ...(flags.citations !== undefined ? { citations: { format: flags.citations } } : {}),
       promptMode: flags.promptMode,
     });
     if (flags.query !== undefined) {
@@ -120,6 +127,9 @@ export function ragOptions(c: Command): Command {
     .option("--prompt-mode <mode>", "simple, advanced (combine and cite blocks) or precise (only what the context states, every sentence cited)", choiceOption("--prompt-mode", PROMPT_MODES))
     .option("--self-rag", "Self-RAG: the model decides whether to search, grades the passages and its answer, and reformulates (at most 3 rounds); the answer is printed once accepted")
     .option("--adaptive", "Adaptive RAG: classify the query (none / simple / complex) and search accordingly (none / one search / decomposed)")
+    .option("--citations <format>", "score the answer's citations (0.4 similarity + 0.4 position + 0.2 coverage), flag unsupported sentences, and render it as markdown, html, plain or inline (in the JSON's metadata.citation_quality)", choiceOption("--citations", CITATION_FORMATS))
+    .option("--empty-retrieval <what>", "when the collection search finds nothing and no memory is used: generate (default) or answer \"no relevant information\" without the model", choiceOption("--empty-retrieval", ["generate", "answer"] as const))
+    .option("--truncate-first-context", "cut a first context block too long for the budget to fit, instead of dropping it")
     .option("--step-model <path>", "the model the LLM steps run on (default: --model)")
     .option("--step-timeout <ms>", "milliseconds an LLM step may take before its fallback is used (default 30000)", intOption("--step-timeout", 1, 3_600_000))
     .option("--layout <layout>", "auto (chat template when the model has one), seed (seed 000's plain layout) or chat", choiceOption("--layout", ["auto", "seed", "chat"] as const));

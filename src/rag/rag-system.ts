@@ -40,6 +40,7 @@ import { checkRerankMethod, rerank, type Reranked, type RerankMethod } from "./p
 import { checkPromptMode, withPromptMode, type PromptMode } from "./pipeline/prompt-modes.js";
 import { resolveSelfRag, runSelfRag, type SelfRagConfig, type SelfRagTrace } from "./pipeline/self-rag.js";
 import { citationConfidence, CITATION_FORMATS, formatCitations, unsupportedClaims, type CitationFormat, type ScoredCitation, type UnsupportedClaim } from "./pipeline/citation-quality.js";
+import { resolveAnswerCache, SemanticAnswerCache, type AnswerCacheOptions, type CacheHit } from "./pipeline/answer-cache.js";
 import { classifyQuery, resolveStrategies, StrategyLedger, type QueryClass, type Strategy, type StrategyStats } from "./pipeline/adaptive.js";
 
 export type KbMode = "text" | "kv";
@@ -73,6 +74,8 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   steps?: StepsOptions;
   /** Adaptive RAG's strategy per query class (default: no_retrieval direct, simple standard, multi_hop decompose). */
   adaptive?: Partial<Record<QueryClass, Strategy>>;
+  /** A semantic answer cache with a time to live (true: the defaults; see answer-cache.ts). Default: none. */
+  answerCache?: true | Partial<AnswerCacheOptions>;
 }
 
 export interface StepsOptions {
@@ -118,6 +121,8 @@ export interface RAGChatOptions extends TurnOptions {
    * answer without context) or "answer": reply NO_RELEVANT_INFORMATION without calling the model.
    */
   emptyRetrieval?: "generate" | "answer";
+  /** false: neither read nor fill the system's answer cache this turn. */
+  useCache?: boolean;
 }
 
 export interface CitationQuality {
@@ -126,6 +131,12 @@ export interface CitationQuality {
   unsupported: UnsupportedClaim[];
   /** The answer in the asked format; null without one. */
   formatted: string | null;
+}
+
+/** Everything of a turn's options that shapes its answer (not the session, callbacks or signal): a cache scope. */
+function cacheScope(o: RAGChatOptions): string {
+  const { userId, useMemories, maxMemories, systemPrompt, maxNewTokens, sampling, stop, collection, kbMode, kbFilter, kbTopK, kbMinScore, kbMultiQuery, kbHyde, queryTransform, rerank, rerankDepth, promptMode, selfRag, adaptive, citations, emptyRetrieval } = o;
+  return JSON.stringify({ userId, useMemories, maxMemories, systemPrompt, maxNewTokens, sampling, stop, collection, kbMode, kbFilter, kbTopK, kbMinScore, kbMultiQuery, kbHyde, queryTransform, rerank, rerankDepth, promptMode, selfRag, adaptive, citations, emptyRetrieval });
 }
 
 /** One query of a batch: its response, or why it failed. */
@@ -226,6 +237,11 @@ export interface RAGResponse {
     kbQueries: string[];
     /** The query pipeline's trace; null when the turn used none of its steps. */
     pipeline: PipelineTrace | null;
+    /**
+     * With an answer cache: whether this turn's answer came from it (then the response is the cached
+     * turn's, with no tokens processed now), the cached query and its similarity; null without a cache.
+     */
+    cache: { hit: boolean; similarity: number | null; cachedQuery: string | null; ageMs: number | null } | null;
     /** true when the turn answered NO_RELEVANT_INFORMATION without the model (emptyRetrieval "answer"). */
     noRelevantInformation: boolean;
     /** With the citations option: confidences, unsupported claims, the formatted answer; else null. */
@@ -281,6 +297,7 @@ export class RAGSystem {
     private readonly budgets: CacheBudgets,
     private readonly steps: ResolvedSteps,
     private readonly strategies: Record<QueryClass, Strategy>,
+    private readonly answerCache: SemanticAnswerCache<RAGResponse> | null,
   ) {
     this.counter = tokenCounter(model.tokenizer);
   }
@@ -295,11 +312,12 @@ export class RAGSystem {
         const ownedStepModel = typeof sm === "string" ? await Model.load(sm, o.steps?.loadOptions) : null;
         const model = ownedStepModel ?? (sm instanceof Model ? sm : sm === undefined ? p.model : null);
         const steps: ResolvedSteps = { model, backend: model === null ? (sm as StepBackend) : null, timeoutMs: o.steps?.timeoutMs, owned: ownedStepModel };
-        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive));
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive), o.answerCache === undefined ? null : new SemanticAnswerCache(resolveAnswerCache(o.answerCache)));
       },
       () => {
         checkStepsOptions(o.steps);
         resolveStrategies(o.adaptive);
+        if (o.answerCache !== undefined) resolveAnswerCache(o.answerCache);
         return resolveRagConfig(o.rag);
       },
     );
@@ -314,6 +332,12 @@ export class RAGSystem {
   /** Turns answered and failed, and the mean latency of each stage over the answered ones (seed 000 §7.4). */
   stats(): { turns: number; failedTurns: number; meanLatency: LatencyBreakdown } {
     return this.ledger.stats();
+  }
+
+  /** The answer cache's hits, misses and entries; null without one. */
+  cacheStats(): { hits: number; misses: number; entries: number } | null {
+    const c = this.answerCache;
+    return c === null ? null : { hits: c.hits, misses: c.misses, entries: c.size };
   }
 
   /** Adaptive RAG's statistics per strategy: queries, failures, mean latency, chunks and model calls. */
@@ -351,8 +375,52 @@ export class RAGSystem {
     );
   }
 
-  /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
+  /** The answer cache around a turn: a hit answers (and is recorded) without retrieval or generation. */
   private async turn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
+    const cache = this.answerCache;
+    // A rewrite reads the session's history: the same words may ask something else there.
+    if (cache === null || opts.useCache === false || opts.queryTransform?.rewrite === true) return this.adaptiveTurn(query, opts, sessionWaitMs);
+    const t0 = performance.now() - sessionWaitMs;
+    const scope = cacheScope(opts);
+    const [vector] = await this.store.embedder.embed([query]);
+    const hit = cache.lookup(scope, vector!);
+    if (hit !== null) return this.cachedTurn(query, opts, hit, t0);
+    const r = await this.adaptiveTurn(query, opts, sessionWaitMs);
+    r.metadata.cache = { hit: false, similarity: null, cachedQuery: null, ageMs: null };
+    // A copy: what the caller does with its response does not change the cache.
+    if (r.finishReason !== "aborted") cache.store(scope, query, vector!, structuredClone(r));
+    return r;
+  }
+
+  private async cachedTurn(query: string, opts: RAGChatOptions, hit: CacheHit<RAGResponse>, t0: number): Promise<RAGResponse> {
+    const r = structuredClone(hit.value);
+    const lat = emptyLatency();
+    r.latency = lat;
+    r.inputTokens = 0;
+    r.outputTokens = 0;
+    r.metadata.sessionId = opts.sessionId;
+    r.metadata.cache = { hit: true, similarity: hit.similarity, cachedQuery: hit.query, ageMs: hit.ageMs };
+    opts.onToken?.(r.text, -1);
+    lat.ttftMs = performance.now() - t0;
+    const tr = performance.now();
+    await this.store.conversations.recordTurn({
+      userId: opts.userId,
+      sessionId: opts.sessionId,
+      query,
+      response: r.text,
+      injectionMode: "rag",
+      memoryIds: r.memoriesUsed.map((m) => m.id),
+      latencyMs: tr - t0,
+      auditAction: "rag_generate",
+      auditMetadata: { mode: "rag", cacheHit: true, cachedQuery: hit.query, similarity: hit.similarity, collection: opts.collection ?? null },
+    });
+    lat.recordMs = performance.now() - tr;
+    lat.totalMs = performance.now() - t0;
+    return r;
+  }
+
+  /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
+  private async adaptiveTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
     // One step runner per turn: every LLM step of the turn is recorded in order.
     const steps = this.stepRunner(opts.userId, opts.signal);
     if (opts.adaptive !== true) return this.answerTurn(query, opts, sessionWaitMs, steps, null);
@@ -546,6 +614,7 @@ export class RAGSystem {
         kbQueries,
         pipeline,
         noRelevantInformation: noContext,
+        cache: null,
         citationQuality: opts.citations === undefined ? null : this.citationQuality(result.text, citations, used, opts.citations),
       },
     };
@@ -680,6 +749,7 @@ function checkChat(query: unknown, opts: RAGChatOptions): void {
     if (c.unsupportedThreshold !== undefined && !(typeof c.unsupportedThreshold === "number" && c.unsupportedThreshold >= 0 && c.unsupportedThreshold <= 1)) throw new DkiArgumentError(`citations.unsupportedThreshold must be in [0, 1], got ${String(c.unsupportedThreshold)}`);
   }
   if (opts.emptyRetrieval !== undefined && opts.emptyRetrieval !== "generate" && opts.emptyRetrieval !== "answer") throw new DkiArgumentError(`emptyRetrieval must be "generate" or "answer", got ${JSON.stringify(opts.emptyRetrieval)}`);
+  if (opts.useCache !== undefined && typeof opts.useCache !== "boolean") throw new DkiArgumentError(`useCache must be a boolean, got ${JSON.stringify(opts.useCache)}`);
   if (opts.adaptive !== undefined && typeof opts.adaptive !== "boolean") throw new DkiArgumentError(`adaptive must be a boolean, got ${JSON.stringify(opts.adaptive)}`);
   if (opts.adaptive === true && opts.collection === undefined) throw new DkiArgumentError("adaptive needs a collection: its strategies are knowledge-base searches");
 }
