@@ -225,6 +225,17 @@ describe("Self-RAG and Adaptive RAG on a generated model (mechanics)", () => {
     expect(stats[a.strategy]!.queries).toBe(1);
   });
 
+  test("Self-RAG's decision stands over emptyRetrieval 'answer': a query judged to need no retrieval is answered by the model", async () => {
+    const script = new ScriptedBackend([[/need facts from documents/, "no"], [/Answer to check/, "yes"]]);
+    const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: script } });
+    const r = await rag.chat("hello, how are you?", { userId: "u", sessionId: "s", maxNewTokens: 3, collection: "firms", useMemories: false, selfRag: true, emptyRetrieval: "answer" });
+    await rag.close();
+    expect(r.metadata.pipeline!.selfRag!.retrieved).toBe(false);
+    expect(r.metadata.noRelevantInformation).toBe(false);
+    expect(r.outputTokens).toBeGreaterThan(0);
+    expect(r.sources).toEqual([]);
+  });
+
   test("bad turn options name the problem", async () => {
     const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb });
     const base = { userId: "u", sessionId: "s" };

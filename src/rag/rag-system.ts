@@ -557,11 +557,14 @@ export class RAGSystem {
     } else if (adaptive !== null) {
       pipeline = { steps: steps.records, query, subQueries: [], stepBack: null, hops: [], rerank: null, adaptive, selfRag: null };
     }
+    // With Self-RAG, its drafts' generation counts here (retrieval decided by answering); prefill,
+    // decode and time to first token below are the chosen draft's.
     lat.routingMs = performance.now() - t - lat.promptMs;
 
     // Nothing found and nothing remembered: the fixed answer, instead of the model without context.
     const searched = opts.collection !== undefined && adaptive?.strategy !== "direct";
-    const noContext = searched && kb.length === 0 && kept.length === 0 && opts.emptyRetrieval === "answer";
+    // Not after Self-RAG: its own decisions (no retrieval needed, the best round) stand.
+    const noContext = gen === null && searched && kb.length === 0 && kept.length === 0 && opts.emptyRetrieval === "answer";
     if (noContext) {
       gen = await generateFrom(kb, false, NO_RELEVANT_INFORMATION);
       opts.onToken?.(NO_RELEVANT_INFORMATION, -1);
