@@ -236,6 +236,20 @@ describe("Self-RAG and Adaptive RAG on a generated model (mechanics)", () => {
     expect(r.sources).toEqual([]);
   });
 
+  test("thresholds in the system's config (rag.selfRag), a turn's own keys over them", async () => {
+    const script = () => new ScriptedBackend([[/need facts from documents/, "yes"], [/help answer the question/, "yes"], [/Answer to check/, "no"]]);
+    const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: script() }, rag: { selfRag: { maxRounds: 1, answerThreshold: 0.2 } } });
+    const a = await rag.chat("Lumen Labs engineers", { userId: "u", sessionId: "a", maxNewTokens: 2, collection: "firms", selfRag: true });
+    const b = await rag.chat("Lumen Labs engineers", { userId: "u", sessionId: "b", maxNewTokens: 2, collection: "firms", selfRag: { maxRounds: 2 } });
+    await rag.close();
+    expect(a.metadata.pipeline!.selfRag!.config).toEqual({ maxRounds: 1, retrievalThreshold: 0.5, answerThreshold: 0.2, checkNeed: true });
+    expect(a.metadata.pipeline!.selfRag!.rounds).toHaveLength(1);
+    expect(b.metadata.pipeline!.selfRag!.config).toMatchObject({ maxRounds: 2, answerThreshold: 0.2 });
+    // Every grade is "no" (score 0 < 0.2): the second round is used.
+    expect(b.metadata.pipeline!.selfRag!.rounds).toHaveLength(2);
+    await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, rag: { selfRag: { maxRounds: 5 } } })).rejects.toThrow(/selfRag.maxRounds must be an integer from 1 to 3/);
+  });
+
   test("bad turn options name the problem", async () => {
     const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb });
     const base = { userId: "u", sessionId: "s" };

@@ -54,9 +54,11 @@ export interface RAGConfig {
   kbTopK: number;
   /** A first context block too long for the context share is cut to fit instead of dropped. Default false (seed 000 drops it). */
   truncateFirstContext: boolean;
+  /** Self-RAG's rounds and thresholds for every turn that asks for Self-RAG (a turn's own selfRag object overrides them key by key). */
+  selfRag: Partial<SelfRagConfig>;
 }
 
-export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false });
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false, selfRag: Object.freeze({}) });
 
 /** What a turn answers, without generating, when its search found nothing (emptyRetrieval "answer"). */
 export const NO_RELEVANT_INFORMATION = "I found no relevant information to answer this question.";
@@ -525,7 +527,7 @@ export class RAGSystem {
         return { results, trace: { query: r.query, subQueries: r.subQueries, stepBack: r.stepBack, hops: r.hops, rerank: reranked } };
       };
       if (opts.selfRag !== undefined && opts.selfRag !== false) {
-        const cfg = resolveSelfRag(opts.selfRag === true ? undefined : opts.selfRag);
+        const cfg = resolveSelfRag({ ...this.rag.selfRag, ...(opts.selfRag === true ? {} : opts.selfRag) });
         const drafts: { results: KbSearchResult[]; gen: Awaited<ReturnType<typeof generateFrom>> }[] = [];
         let last: Omit<PipelineTrace, "steps" | "adaptive" | "selfRag"> | null = null;
         const sr = await runSelfRag(query, cfg, {
@@ -726,6 +728,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
   if (c.layout !== "auto" && c.layout !== "seed" && c.layout !== "chat") throw new DkiArgumentError(`rag.layout must be "auto", "seed" or "chat", got ${JSON.stringify(c.layout)}`);
   if (!Number.isInteger(c.kbTopK) || c.kbTopK < 1 || c.kbTopK > 100) throw new DkiArgumentError(`rag.kbTopK must be an integer from 1 to 100, got ${String(c.kbTopK)}`);
   if (typeof c.truncateFirstContext !== "boolean") throw new DkiArgumentError(`rag.truncateFirstContext must be a boolean, got ${JSON.stringify(c.truncateFirstContext)}`);
+  resolveSelfRag(c.selfRag);
   return c;
 }
 

@@ -33,8 +33,8 @@ export interface SelfRagConfig {
 export const DEFAULT_SELF_RAG: Readonly<SelfRagConfig> = Object.freeze({ maxRounds: 3, retrievalThreshold: 0.5, answerThreshold: 0.6, checkNeed: true });
 
 export function resolveSelfRag(input: Partial<SelfRagConfig> | true | undefined): SelfRagConfig {
-  const c = { ...DEFAULT_SELF_RAG, ...(input === true || input === undefined ? {} : input) };
   if (input !== true && input !== undefined && (input === null || typeof input !== "object")) throw new DkiArgumentError("selfRag must be true or an object");
+  const c = { ...DEFAULT_SELF_RAG, ...(input === true || input === undefined ? {} : input) };
   if (!(Number.isInteger(c.maxRounds) && c.maxRounds >= 1 && c.maxRounds <= 3)) throw new DkiArgumentError(`selfRag.maxRounds must be an integer from 1 to 3, got ${String(c.maxRounds)}`);
   for (const k of ["retrievalThreshold", "answerThreshold"] as const) {
     if (!(typeof c[k] === "number" && c[k] >= 0 && c[k] <= 1)) throw new DkiArgumentError(`selfRag.${k} must be in [0, 1], got ${String(c[k])}`);
