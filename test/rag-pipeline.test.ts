@@ -238,6 +238,30 @@ describe("the steps on a generated model, in a RAGSystem turn", () => {
     expect(c).toBe(["yes", "no", "maybe"][rec.scores!.indexOf(Math.max(...rec.scores!))]);
   });
 
+  test("Model.scoreContinuations: one prefill, then each continuation on top; equal to the log-probabilities read from the full logits", async () => {
+    const prompt = "Does this question need documents? Answer yes or no.";
+    const tok = model.tokenizer;
+    const conts = [" yes", " no", " maybe not at all"].map((t) => tok.encode(t, { addSpecialTokens: false }));
+    expect(conts[2]!.length).toBeGreaterThan(2); // a multi-token continuation is covered
+    const got = await model.scoreContinuations(prompt, conts);
+    const head = model.encodePrompt(prompt);
+    for (const [i, c] of conts.entries()) {
+      const rows = await model.logits([...head, ...c]);
+      let want = 0;
+      for (let k = 0; k < c.length; k++) {
+        const row = rows[head.length - 1 + k]!;
+        const max = Math.max(...row);
+        want += row[c[k]!]! - max - Math.log(row.reduce((z, x) => z + Math.exp(x - max), 0));
+      }
+      expect(got[i]).toBeCloseTo(want, 3);
+    }
+    await expect(model.scoreContinuations(prompt, [])).rejects.toThrow(/at least one continuation/);
+    await expect(model.scoreContinuations(prompt, [[]])).rejects.toThrow(/continuation 0 is empty/);
+    const aborted = new AbortController();
+    aborted.abort(new Error("stop"));
+    await expect(model.scoreContinuations(prompt, conts, { signal: aborted.signal })).rejects.toThrow("stop");
+  });
+
   test("a step model given by path and a custom backend; the system's own model answers the turn", async () => {
     const byPath = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: modelDir, loadOptions: { contextSize: 1024 } } });
     const r1 = await byPath.chat("Lumen Labs engineers", { userId: "u", sessionId: "s", maxNewTokens: 2, collection: "firms", queryTransform: { stepBack: true } });

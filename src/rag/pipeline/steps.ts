@@ -53,25 +53,20 @@ export class ModelStepBackend implements StepBackend {
   }
 
   /**
-   * Each option's summed log-probability after the prompt (one logits pass per option, the
-   * prompt's tokens then the option's). The sum favours short options a little; the steps'
-   * options are single words, so their lengths barely differ.
+   * Each option's summed log-probability after the prompt (Model.scoreContinuations: one prefill
+   * of the prompt, then the option's tokens on top of it). The sum favours short options a little;
+   * the steps' options are single words, so their lengths barely differ.
    */
   async choose(prompt: string, options: readonly string[], o: { signal?: AbortSignal } = {}): Promise<ChoiceResult> {
     const tok = this.model.tokenizer;
-    const head = this.model.encodePrompt(this.input(prompt));
-    const scores: number[] = [];
-    for (const option of options) {
-      if (o.signal?.aborted) throw o.signal.reason;
+    const ids = options.map((option) => {
       // The option as the model would write it right after the prompt: with a leading space in
       // the plain layout ("Answer: yes"), as the first word of the turn in the chat layout.
-      const ids = tok.encode(tok.chatTemplate !== null ? option : ` ${option}`, { addSpecialTokens: false });
-      if (ids.length === 0) throw new DkiArgumentError(`choice option ${JSON.stringify(option)} has no tokens`);
-      const rows = await this.schedule(() => this.model.logits([...head, ...ids]), o.signal);
-      let lp = 0;
-      for (let k = 0; k < ids.length; k++) lp += logSoftmaxAt(rows[head.length - 1 + k]!, ids[k]!);
-      scores.push(lp);
-    }
+      const t = tok.encode(tok.chatTemplate !== null ? option : ` ${option}`, { addSpecialTokens: false });
+      if (t.length === 0) throw new DkiArgumentError(`choice option ${JSON.stringify(option)} has no tokens`);
+      return t;
+    });
+    const scores = await this.schedule(() => this.model.scoreContinuations(this.input(prompt), ids, { signal: o.signal }), o.signal);
     let index = 0;
     for (let i = 1; i < scores.length; i++) if (scores[i]! > scores[index]!) index = i;
     return { index, scores };
@@ -80,15 +75,6 @@ export class ModelStepBackend implements StepBackend {
   private input(prompt: string): string | { messages: { role: "user"; content: string }[] } {
     return this.model.tokenizer.chatTemplate !== null ? { messages: [{ role: "user", content: prompt }] } : prompt;
   }
-}
-
-/** log softmax(logits)[id], stable (max subtracted). */
-export function logSoftmaxAt(logits: Float32Array, id: number): number {
-  let max = -Infinity;
-  for (let i = 0; i < logits.length; i++) if (logits[i]! > max) max = logits[i]!;
-  let z = 0;
-  for (let i = 0; i < logits.length; i++) z += Math.exp(logits[i]! - max);
-  return logits[id]! - max - Math.log(z);
 }
 
 /** One step as the response's metadata shows it. */
