@@ -10,9 +10,9 @@ import type { SystemOpenOptions } from "../../dki/open.js";
 import type { MemoryStoreApi } from "../../memory/types.js";
 import { RAGSystem, type RAGConfig } from "../../rag/rag-system.js";
 import { DKI_MODEL_IDS, type DkiModelId } from "./call.js";
-import { DkiEmbeddingModel, STORE_EMBEDDER_ID } from "./embedding-model.js";
+import { DkiEmbeddingModel, embedderTexts, STORE_EMBEDDER_ID } from "./embedding-model.js";
 import { DkiLanguageModel } from "./language-model.js";
-import type { DkiSystems } from "./turn.js";
+import { priorWarnings, runTurn, type DkiSystems } from "./turn.js";
 
 export interface DkiProviderSettings extends Omit<SystemOpenOptions, "openStore"> {
   /** Settings of the "rag" model's RAGSystem (its config is `config`, shared with DKI). */
@@ -86,13 +86,16 @@ export function createDki(settings: DkiProviderSettings): DkiProvider {
     if (!(DKI_MODEL_IDS as readonly unknown[]).includes(modelId)) {
       throw new NoSuchModelError({ modelId: String(modelId), modelType: "languageModel", message: `no DKI language model ${JSON.stringify(modelId)}: use ${DKI_MODEL_IDS.map((m) => JSON.stringify(m)).join(", ")}` });
     }
-    return new DkiLanguageModel(modelId, systems);
+    return new DkiLanguageModel(modelId, {
+      warnings: async (call) => priorWarnings((await systems()).dki.store, call),
+      run: async (call, signal, onText) => runTurn(await systems(), call, signal, onText),
+    });
   };
   const embeddingModel = (modelId: string = STORE_EMBEDDER_ID): DkiEmbeddingModel => {
     if (modelId !== STORE_EMBEDDER_ID) {
       throw new NoSuchModelError({ modelId: String(modelId), modelType: "embeddingModel", message: `no DKI embedding model ${JSON.stringify(modelId)}: the provider embeds with its memory store's embedder, "${STORE_EMBEDDER_ID}"` });
     }
-    return new DkiEmbeddingModel(async () => (await opened()).dki.store.embedder);
+    return new DkiEmbeddingModel(embedderTexts(async () => (await opened()).dki.store.embedder));
   };
 
   const provider = (modelId: DkiModelId) => languageModel(modelId);
