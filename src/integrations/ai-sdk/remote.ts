@@ -150,13 +150,15 @@ export class DkiServerClient {
     const what = parsed.success ? `${parsed.data.error.message}${parsed.data.error.code ? ` (${parsed.data.error.code}${parsed.data.error.param ? `, ${parsed.data.error.param}` : ""})` : ""}` : text.slice(0, 500) || response.statusText;
     const retry = response.headers.get("retry-after");
     throw new APICallError({
-      message: `dki serve answered ${response.status} to ${method} ${path}: ${what}${retry !== null ? ` (retry after ${retry} s)` : ""}`,
+      message: `dki serve answered ${response.status} to ${method} ${path}: ${what}${retry !== null ? ` (Retry-After: ${retry} s)` : ""}`,
       url,
       requestBodyValues: body,
       statusCode: response.status,
       responseHeaders,
       responseBody: text,
       data: parsed.success ? parsed.data : undefined,
+      // 429 (the server's queue is full) and 5xx are worth a retry, which the SDK then spaces by Retry-After; 4xx is the request's fault.
+      isRetryable: response.status === 429 || response.status >= 500,
     });
   }
 
