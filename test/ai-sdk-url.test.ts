@@ -3,14 +3,16 @@
 // (loopback, a generated model, API keys). Beside it, the in-process provider on the same model and
 // an equal store: the two must answer the same greedy turn with the same text and report it in the
 // same shapes, since an application switches between them by configuration alone.
-import { writeFile } from "node:fs/promises";
+import { execFile } from "node:child_process";
+import { readFile, writeFile } from "node:fs/promises";
+import { promisify } from "node:util";
 import { join } from "node:path";
 import { APICallError } from "@ai-sdk/provider";
 import { embed, embedMany, generateText, streamText, type ModelMessage, type TextStreamPart, type ToolSet } from "ai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { createDki, type DkiProvider, type DkiServerProvider } from "../src/integrations/ai-sdk/index.js";
 import { call, makeTinyModel, spawnServer, type ChildServer } from "./support/serve.js";
-import { tempDir } from "./support/paths.js";
+import { repoRoot, tempDir } from "./support/paths.js";
 
 const HIKING = "Alice loves hiking in the Alps and is allergic to peanuts.";
 const HIKING_Q = "Any tips for hiking in the Alps with a peanut allergy?";
@@ -253,5 +255,21 @@ describe("the URL provider", () => {
     const p = createDki({ url: server.url, apiKey: ALICE });
     await p.close();
     await expect(generateText({ model: p("none"), prompt: "Hello", maxRetries: 0, providerOptions: as("alice", "c1") })).rejects.toThrow("this DKI provider has been closed");
+  });
+});
+
+describe("the README", () => {
+  test("the example of \"Over a `dki serve` URL\" runs as written against the server, through the package's exports", async () => {
+    const readme = await readFile(join(repoRoot, "README.md"), "utf8");
+    const section = readme.slice(readme.indexOf("### Over a `dki serve` URL"));
+    const code = /```js\n([\s\S]*?)```/.exec(section)?.[1];
+    expect(code).toBeDefined();
+    // A user of its own (the admin key may act for any), so the example's session is its own.
+    const { stdout } = await promisify(execFile)(process.execPath, ["--input-type=module", "-e", code!], { cwd: repoRoot, env: { ...process.env, DKI_URL: server.url, DKI_API_KEY: ADMIN, DKI_USER: "readme-user" } });
+    const turns = await call(server.url, "GET", "/v1/sessions/s1/messages?user_id=readme-user", { key: ADMIN });
+    const messages = (turns.json as { results: { role: string; content: string }[] }).results;
+    expect(messages.map((m) => m.role)).toEqual(["user", "assistant", "user", "assistant"]);
+    expect(stdout).toContain(messages[1]!.content);
+    expect(stdout).toContain(messages[3]!.content);
   });
 });
