@@ -74,6 +74,12 @@ async function recorded(sessionId: string, userId = "alice"): Promise<{ role: st
   return (r.json as { results: { role: string; content: string }[] }).results;
 }
 
+async function metric(re: RegExp): Promise<number> {
+  return Number(re.exec((await call(server.url, "GET", "/metrics")).text)?.[1] ?? 0);
+}
+/** The server's count of turns aborted (by the client going away, here). */
+const abortedTurns = (mode: string) => metric(new RegExp(`dki_turns_total\\{mode="${mode}",outcome="aborted"\\} (\\d+)`));
+
 async function failure(p: Promise<unknown>): Promise<Error> {
   const e = await p.then(
     () => null,
@@ -206,7 +212,7 @@ describe("streamText over a URL", () => {
   });
 
   test("an abort mid-answer closes the request: the server aborts the turn and records nothing", async () => {
-    const aborted = async () => Number(/dki_turns_total\{mode="dki",outcome="aborted"\} (\d+)/.exec((await call(server.url, "GET", "/metrics")).text)?.[1] ?? 0);
+    const aborted = () => abortedTurns("dki");
     const before = await aborted();
     const ctl = new AbortController();
     const s = streamText({ model: remote("dki"), prompt: HIKING_Q, maxOutputTokens: 800, abortSignal: ctl.signal, providerOptions: as("alice", "ab1") });
@@ -221,6 +227,21 @@ describe("streamText over a URL", () => {
     for (let i = 0; i < 3000 && (await aborted()) === before; i++) await new Promise((r) => setTimeout(r, 10));
     expect(await aborted()).toBe(before + 1);
     expect(await recorded("ab1")).toEqual([]);
+  });
+
+  test("generateText aborted during the turn rejects with the abort; the server aborts the turn and records nothing", async () => {
+    const before = await abortedTurns("dki");
+    const ctl = new AbortController();
+    // Aborted once the server holds the turn (its queue depth 1), not before the request reached it.
+    const p = generateText({ model: remote("dki"), prompt: HIKING_Q, maxOutputTokens: 900, abortSignal: ctl.signal, providerOptions: as("alice", "ab2") });
+    for (let i = 0; i < 3000 && (await metric(/dki_queue_depth (\d+)/)) === 0; i++) await new Promise((r) => setTimeout(r, 2));
+    expect(await metric(/dki_queue_depth (\d+)/), "the turn ended before it could be aborted").toBe(1);
+    ctl.abort();
+    await expect(p).rejects.toMatchObject({ name: "AbortError" });
+    for (let i = 0; i < 3000 && (await abortedTurns("dki")) === before; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(await abortedTurns("dki")).toBe(before + 1);
+    expect(await recorded("ab2")).toEqual([]);
+    await expect(generateText({ model: remote("dki"), prompt: HIKING_Q, abortSignal: AbortSignal.abort(), providerOptions: as("alice", "ab3") })).rejects.toMatchObject({ name: "AbortError" });
   });
 
   test("a refused stream is an error part naming the status, and no turn", async () => {

@@ -165,14 +165,21 @@ export class DkiServerClient {
   async json<T>(method: "GET" | "POST", path: string, body: unknown, schema: z.ZodType<T>, signal: AbortSignal | undefined): Promise<T> {
     const r = await this.request(method, path, body, signal);
     const text = await r.text();
-    return this.parse(schema, safeJson(text), `${method} ${path}`, body, text);
+    return this.parse(schema, text, { method, path, body });
   }
 
-  parse<T>(schema: z.ZodType<T>, value: unknown, what: string, body: unknown, text: string): T {
-    const parsed = schema.safeParse(value);
+  /** A response body (or one SSE event's data) read with `schema`; anything else is an error naming the route and the fields at fault. */
+  parse<T>(schema: z.ZodType<T>, text: string, at: { method: string; path: string; body: unknown; part?: string }): T {
+    const parsed = schema.safeParse(safeJson(text));
     if (parsed.success) return parsed.data;
     const problems = parsed.error.issues.slice(0, 3).map((i) => `${i.path.join(".") || "(the body)"}: ${i.message}`).join("; ");
-    throw new APICallError({ message: `dki serve's answer to ${what} is not what this provider reads (${problems}): is ${this.baseUrl} a dki serve of this version?`, url: this.baseUrl + what.replace(/^\S+ /, ""), requestBodyValues: body, responseBody: text.slice(0, 2000), isRetryable: false });
+    throw new APICallError({
+      message: `dki serve's answer to ${at.method} ${at.path}${at.part !== undefined ? ` (${at.part})` : ""} is not what this provider reads (${problems}): is ${this.baseUrl} a dki serve of this version?`,
+      url: this.baseUrl + at.path,
+      requestBodyValues: at.body,
+      responseBody: text.slice(0, 2000),
+      isRetryable: false,
+    });
   }
 
   /** The model the server serves (its /v1/models), named in every request; asked once. */
@@ -245,28 +252,33 @@ export function serverTurns(client: DkiServerClient): DkiTurns {
         const r = await client.json("POST", "/v1/chat/completions", body, completion, signal);
         return turnOutcome(r.choices[0]!.message.content ?? "", metadataOf(r.dki, r.usage));
       }
-      const response = await client.request("POST", "/v1/chat/completions", body, signal);
+      const at = { method: "POST", path: "/v1/chat/completions", body };
+      const response = await client.request("POST", at.path, body, signal);
       let text = "";
+      let outcome: TurnOutcome | null = null;
       for await (const data of sseData(response, signal)) {
+        // Read up to [DONE] rather than leave once the answer is complete, so that the connection ends as the server ends it.
         if (data === "[DONE]") break;
-        const value = safeJson(data);
-        const failed = openaiError.safeParse(value);
+        const failed = openaiError.safeParse(safeJson(data));
         if (failed.success) {
+          // An error after the stream started (the turn failed, timed out, or the server shut down): the status was already 200.
           const e = failed.data.error;
-          throw new APICallError({ message: `dki serve ended the stream with an error: ${e.message}${e.code ? ` (${e.code})` : ""}`, url: client.baseUrl + "/v1/chat/completions", requestBodyValues: body, statusCode: 200, responseBody: data, data: failed.data, isRetryable: false });
+          throw new APICallError({ message: `dki serve ended the stream with an error: ${e.message}${e.code ? ` (${e.code})` : ""}`, url: client.baseUrl + at.path, requestBodyValues: body, statusCode: 200, responseBody: data, data: failed.data, isRetryable: false });
         }
-        const c = client.parse(chunk, value, "POST /v1/chat/completions (a stream chunk)", body, data);
-        const delta = c.choices[0]?.delta.content;
-        if (delta !== undefined && delta !== null && delta !== "") {
+        const c = client.parse(chunk, data, { ...at, part: "a stream chunk" });
+        const choice = c.choices[0];
+        const delta = choice?.delta.content;
+        if (outcome === null && delta !== undefined && delta !== null && delta !== "") {
           text += delta;
           onText(delta);
         }
         // The chunk with the finish reason carries the turn's usage and dki object; the text is the deltas'.
-        if (c.choices[0]?.finish_reason !== null && c.choices[0]?.finish_reason !== undefined && c.dki !== undefined && c.usage !== undefined) {
-          return turnOutcome(text, metadataOf(c.dki, c.usage));
+        if (outcome === null && choice?.finish_reason !== null && choice?.finish_reason !== undefined && c.dki !== undefined && c.usage !== undefined) {
+          outcome = turnOutcome(text, metadataOf(c.dki, c.usage));
         }
       }
-      throw new APICallError({ message: "dki serve's stream ended before the answer was finished (no chunk with a finish reason)", url: client.baseUrl + "/v1/chat/completions", requestBodyValues: body, isRetryable: false });
+      if (outcome === null) throw new APICallError({ message: "dki serve's stream ended before the answer was finished (no chunk with a finish reason)", url: client.baseUrl + at.path, requestBodyValues: body, isRetryable: false });
+      return outcome;
     },
   };
 }
