@@ -158,6 +158,11 @@ describe("generateText over a URL", () => {
     const e = await failure(generateText({ model: remote("none"), prompt: HIKING_Q, maxOutputTokens: 2, stopSequences: ["a", "b", "c", "d", "e"], maxRetries: 0, providerOptions: as("alice", "e1") }));
     expect((e as APICallError).statusCode).toBe(400);
     expect(e.message).toMatch(/^dki serve answered 400 to POST \/v1\/chat\/completions: .*stop/);
+    // A URL that is not a dki serve's root: the route is not there.
+    const elsewhere = createDki({ url: `${server.url}/elsewhere`, apiKey: ALICE });
+    const n = await failure(generateText({ model: elsewhere("none"), prompt: HIKING_Q, maxRetries: 0, providerOptions: as("alice", "e3") }));
+    expect((n as APICallError).statusCode).toBe(404);
+    expect(n.message).toMatch(/^dki serve answered 404 to GET \/elsewhere\/v1\/models: /);
     const gone = createDki({ url: "http://127.0.0.1:9/", apiKey: ALICE });
     const g = await failure(generateText({ model: gone("none"), prompt: HIKING_Q, maxRetries: 0, providerOptions: as("alice", "e2") }));
     expect(g.message).toMatch(/could not reach dki serve at http:\/\/127\.0\.0\.1:9 \(GET \/v1\/models\)/);

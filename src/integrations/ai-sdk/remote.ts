@@ -150,7 +150,7 @@ export class DkiServerClient {
     const what = parsed.success ? `${parsed.data.error.message}${parsed.data.error.code ? ` (${parsed.data.error.code}${parsed.data.error.param ? `, ${parsed.data.error.param}` : ""})` : ""}` : text.slice(0, 500) || response.statusText;
     const retry = response.headers.get("retry-after");
     throw new APICallError({
-      message: `dki serve answered ${response.status} to ${method} ${path}: ${what}${retry !== null ? ` (Retry-After: ${retry} s)` : ""}`,
+      message: `dki serve answered ${response.status} to ${method} ${new URL(url).pathname}: ${what}${retry !== null ? ` (Retry-After: ${retry} s)` : ""}`,
       url,
       requestBodyValues: body,
       statusCode: response.status,
@@ -184,14 +184,22 @@ export class DkiServerClient {
 
   /** The model the server serves (its /v1/models), named in every request; asked once. */
   served(signal: AbortSignal | undefined): Promise<string> {
-    this.modelId ??= this.json("GET", "/v1/models", undefined, models, signal).then(
+    // Shared by concurrent calls, so not tied to one call's signal: that call stops waiting instead.
+    this.modelId ??= this.json("GET", "/v1/models", undefined, models, undefined).then(
       (m) => m.data[0]!.id,
       (e: unknown) => {
         this.modelId = null; // not kept: the next call asks again
         throw e;
       },
     );
-    return this.modelId;
+    if (signal === undefined) return this.modelId;
+    signal.throwIfAborted();
+    const pending = this.modelId;
+    return new Promise<string>((resolve, reject) => {
+      const onAbort = () => reject(signal.reason);
+      signal.addEventListener("abort", onAbort, { once: true });
+      void pending.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+    });
   }
 }
 
