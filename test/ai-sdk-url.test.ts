@@ -167,34 +167,63 @@ describe("generateText over a URL", () => {
     const g = await failure(generateText({ model: gone("none"), prompt: HIKING_Q, maxRetries: 0, providerOptions: as("alice", "e2") }));
     expect(g.message).toMatch(/could not reach dki serve at http:\/\/127\.0\.0\.1:9 \(GET \/v1\/models\)/);
   });
+});
 
-  test("a full server queue is a retryable 429 naming its Retry-After", async () => {
-    // A second server (no keys: loopback, any user) that holds one turn at a time.
-    const busy = await spawnServer(["--model", modelDir, "--data", join(tempDir(), "data"), "--init", "--threads", "1", "--context-size", "1024", "--max-queue", "1"]);
-    try {
-      const p = createDki({ url: busy.url });
-      const ctl = new AbortController();
-      const long = streamText({ model: p("none"), prompt: HIKING_Q, maxOutputTokens: 900, abortSignal: ctl.signal, providerOptions: as("alice", "q1") });
-      const reader = long.fullStream.getReader();
-      for (;;) {
-        const { done, value } = await reader.read();
-        expect(done, "the first turn ended before answering").toBe(false);
-        if (value?.type === "text-delta") break;
-      }
-      // The first turn holds the server's one place while it answers.
-      const e = await failure(generateText({ model: p("none"), prompt: HIKING_Q, maxOutputTokens: 2, maxRetries: 0, providerOptions: as("alice", "q2") }));
-      ctl.abort();
-      await reader.cancel().catch(() => {});
-      expect(APICallError.isInstance(e), String(e)).toBe(true);
-      const a = e as APICallError;
-      expect(a.statusCode).toBe(429);
-      expect(a.isRetryable).toBe(true);
-      expect(a.responseHeaders?.["retry-after"]).toMatch(/^\d+$/);
-      expect(a.message).toMatch(new RegExp(`^dki serve answered 429 to POST /v1/chat/completions: the server holds 1 turns, its bound \\(--max-queue 1\\).* \\(queue_full\\) \\(Retry-After: ${a.responseHeaders?.["retry-after"]} s\\)$`));
-    } finally {
+describe("a busy server, then one shutting down", () => {
+  // A second server (no keys: loopback, any user) that holds one turn at a time and aborts its turns at once on SIGTERM.
+  let busy: ChildServer;
+  beforeAll(async () => {
+    busy = await spawnServer(["--model", modelDir, "--data", join(tempDir(), "data"), "--init", "--threads", "1", "--context-size", "1024", "--max-queue", "1", "--drain-timeout", "0"]);
+  }, 60_000);
+  afterAll(async () => {
+    if (busy !== undefined && busy.child.exitCode === null) {
       busy.child.kill("SIGTERM");
       await busy.exited;
     }
+  });
+
+  /** Reads `stream` up to its first text delta. */
+  async function firstDelta(reader: ReadableStreamDefaultReader<TextStreamPart<ToolSet>>): Promise<void> {
+    for (;;) {
+      const { done, value } = await reader.read();
+      expect(done, "the turn ended before answering").toBe(false);
+      if (value?.type === "text-delta") return;
+    }
+  }
+
+  test("a full server queue is a retryable 429 naming its Retry-After", async () => {
+    const p = createDki({ url: busy.url });
+    const ctl = new AbortController();
+    const long = streamText({ model: p("none"), prompt: HIKING_Q, maxOutputTokens: 900, abortSignal: ctl.signal, providerOptions: as("alice", "q1") });
+    const reader = long.fullStream.getReader();
+    await firstDelta(reader);
+    // The first turn holds the server's one place while it answers.
+    const e = await failure(generateText({ model: p("none"), prompt: HIKING_Q, maxOutputTokens: 2, maxRetries: 0, providerOptions: as("alice", "q2") }));
+    ctl.abort();
+    await reader.cancel().catch(() => {});
+    expect(APICallError.isInstance(e), String(e)).toBe(true);
+    const a = e as APICallError;
+    expect(a.statusCode).toBe(429);
+    expect(a.isRetryable).toBe(true);
+    expect(a.responseHeaders?.["retry-after"]).toMatch(/^\d+$/);
+    expect(a.message).toMatch(new RegExp(`^dki serve answered 429 to POST /v1/chat/completions: the server holds 1 turns, its bound \\(--max-queue 1\\).* \\(queue_full\\) \\(Retry-After: ${a.responseHeaders?.["retry-after"]} s\\)$`));
+  });
+
+  test("an error after the stream started (the server shutting down mid-answer) is an error part naming it, and a finish with reason error", async () => {
+    const p = createDki({ url: busy.url });
+    // The turn before may still be leaving the server's one place.
+    for (let i = 0; i < 3000 && (await call(busy.url, "GET", "/metrics")).text.includes("dki_queue_depth 1"); i++) await new Promise((r) => setTimeout(r, 10));
+    const s = streamText({ model: p("none"), prompt: HIKING_Q, maxOutputTokens: 900, providerOptions: as("alice", "q3"), onError: () => {} });
+    const reader = s.fullStream.getReader();
+    await firstDelta(reader);
+    busy.child.kill("SIGTERM");
+    const rest: TextStreamPart<ToolSet>[] = [];
+    for (let r = await reader.read(); !r.done; r = await reader.read()) rest.push(r.value);
+    const errors = rest.filter((x) => x.type === "error").map((x) => x.error as Error);
+    expect(errors.map((x) => x.message)).toEqual(["dki serve ended the stream with an error: the server shut down (shutting_down)"]);
+    expect(APICallError.isInstance(errors[0])).toBe(true);
+    expect(rest.filter((x) => x.type === "finish-step").map((x) => (x as { finishReason: string }).finishReason)).toEqual(["error"]);
+    expect((await busy.exited).code).toBe(0);
   });
 });
 
