@@ -11,6 +11,7 @@ import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.j
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { isSupportedFile } from "../rag/kb/parse.js";
+import { CHUNK_STRATEGIES, type ChunkStrategy } from "../rag/kb/chunk.js";
 import { snakeKeys } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
@@ -73,7 +74,7 @@ async function filesToIngest(paths: string[]): Promise<{ files: string[]; skippe
  * progress is those lines, never a bar redrawn over them. With --format json the lines go to
  * stderr on a terminal only, and stdout gets one JSON object at the end.
  */
-async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; replaceInvalidUtf8?: boolean; format: "text" | "json" }): Promise<void> {
+async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; chunkStrategy?: ChunkStrategy; replaceInvalidUtf8?: boolean; format: "text" | "json" }): Promise<void> {
   const metadata = flags.metadata === undefined ? undefined : (jsonObjectOption("--metadata", flags.metadata) as DocumentMetadata);
   const { files, skipped } = await filesToIngest(paths);
   const progress = (line: string) => {
@@ -88,7 +89,7 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
     for (const [i, p] of files.entries()) {
       const at = `[${i + 1}/${files.length}]`;
       try {
-        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap }, replaceInvalidUtf8: flags.replaceInvalidUtf8 });
+        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap, strategy: flags.chunkStrategy }, replaceInvalidUtf8: flags.replaceInvalidUtf8 });
         results.push({ path: p, ...r });
         if (r.invalidUtf8 > 0) process.stderr.write(`dki: warning: ${p}: ${r.invalidUtf8} byte sequence${r.invalidUtf8 === 1 ? " was" : "s were"} not UTF-8, read as U+FFFD\n`);
         progress(`${at} ${r.status} ${r.docId}: ${r.chunks} chunks${r.duplicatesSkipped > 0 ? `, ${r.duplicatesSkipped} duplicates skipped` : ""}`);
@@ -153,7 +154,8 @@ export function registerKbCommand(program: Command): void {
       .requiredOption("-c, --collection <name>", "collection")
       .option("--metadata <json>", 'fields of every file: {"category", "source", "chapter", "sessionId", "createdAt", custom keys}; a re-ingested file keeps its own unless given ({} clears them)')
       .option("--chunk-tokens <n>", "tokens per chunk (default 512)", intOption("--chunk-tokens", 8, 65536))
-      .option("--overlap <n>", "tokens shared by consecutive chunks (default 64)", intOption("--overlap", 0, 65535))
+      .option("--overlap <n>", "tokens shared by consecutive chunks, at most (default 64; whole sentences with the sentence strategy)", intOption("--overlap", 0, 65535))
+      .option("--chunk-strategy <s>", "sentence (chunks end at paragraph, then sentence ends; default) or tokens (plain windows)", choiceOption("--chunk-strategy", CHUNK_STRATEGIES))
       .option("--replace-invalid-utf8", "read bytes that are not UTF-8 as U+FFFD, with a warning counting them (default: such a file is refused)")
       .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
   ).action((paths: string[], flags) => ingest(paths, flags));

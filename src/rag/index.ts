@@ -4,6 +4,6 @@ export { buildRagPrompt, contextLine, historyLine, type RagPromptInput, type Rag
 export { extractCitations, contextBlock, sourceLabel, type Citation, type CitationMap, type CitationSource } from "./citations.js";
 export { KnowledgeBase, checkCollectionName, KB_SCHEMA_VERSION, type KnowledgeBaseOptions, type DocumentMetadata, type CollectionInfo, type KbDocument, type KbChunk, type IngestOptions, type IngestResult } from "./kb/knowledge-base.js";
 export { parseDocument, docTypeOf, markdownSections, htmlToText, DOC_TYPES, type DocType, type ParsedDocument, type Section } from "./kb/parse.js";
-export { chunkDocument, resolveChunkOptions, type ChunkOptions, type TextChunk } from "./kb/chunk.js";
+export { chunkDocument, resolveChunkOptions, textBreaks, CHUNK_STRATEGIES, type ChunkOptions, type ChunkStrategy, type TextChunk } from "./kb/chunk.js";
 export { checkFilter as checkKbFilter, DOCUMENT_FIELDS } from "./kb/filter.js";
 export { parseRewrites, RRF_K, type KbSearchOptions, type KbSearchResult, type KbSearchDetail, type KbSearchMode, type QueryExpansion } from "./kb/search.js";
