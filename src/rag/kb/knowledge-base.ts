@@ -228,6 +228,18 @@ export function checkOwner(owner: unknown): CollectionOwner {
   return given[0] === "userId" ? { userId: v } : { userPrefix: v };
 }
 
+/** getOrCreateCollection on an existing collection set up otherwise (the server answers it with 409). */
+export class CollectionSettingsError extends DkiArgumentError {
+  constructor(
+    message: string,
+    /** Each difference, e.g. `chunk.chunkTokens is 512, not 256`. */
+    readonly differences: string[],
+  ) {
+    super(message);
+    this.name = "CollectionSettingsError";
+  }
+}
+
 const ownerLabel = (o: CollectionOwner | undefined): string => (o === undefined ? "shared (no owner)" : o.userId !== undefined ? `user ${JSON.stringify(o.userId)}` : `users starting with ${JSON.stringify(o.userPrefix)}`);
 
 export class KnowledgeBase implements KbRetriever {
@@ -376,7 +388,7 @@ export class KnowledgeBase implements KbRetriever {
       for (const k of Object.keys(chunk) as (keyof typeof chunk)[]) if (hadChunk[k] !== chunk[k]) diffs.push(`chunk.${k} is ${JSON.stringify(hadChunk[k])}, not ${JSON.stringify(chunk[k])}`);
       if (ownerLabel(had.owner) !== ownerLabel(owner)) diffs.push(`owner is ${ownerLabel(had.owner)}, not ${ownerLabel(owner)}`);
       if (had.embedderId !== this.embedder.id) diffs.push(`embedder is ${had.embedderId}, not ${this.embedder.id}`);
-      if (diffs.length > 0) throw new DkiArgumentError(`collection ${JSON.stringify(name)} exists with other settings: ${diffs.join("; ")}`);
+      if (diffs.length > 0) throw new CollectionSettingsError(`collection ${JSON.stringify(name)} exists with other settings: ${diffs.join("; ")}`, diffs);
     }
     return { collection: this.info(record.rec), created: record.created };
   }
