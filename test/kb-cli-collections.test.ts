@@ -2,6 +2,8 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
+import { makeTinyModel } from "../src/models/make-tiny.js";
+import { MemoryStore } from "../src/memory/memory-store.js";
 import { dki, dkiFails } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
 
@@ -38,5 +40,12 @@ describe("dki kb create / delete / search --user", () => {
     await dki(["kb", "ingest", join(files, "secret.txt"), "-c", "private", "--data", data]);
     expect((await dki(["kb", "search", "safe combination", "-c", "private", "--data", data, "--user", "alice"])).stdout).toMatch(/7-19-42/);
     expect(await dkiFails(["kb", "search", "safe combination", "-c", "private", "--data", data, "--user", "bob"])).toBe('dki: no collection "private"; collections: games\n');
+    // dki rag searches as --user: the owner's turn sees the chunk, another user's is refused.
+    const model = tempDir();
+    await makeTinyModel({ arch: "llama", preset: "tiny", dtype: "f32", out: model, seed: 3 });
+    await (await MemoryStore.open({ dir: data })).close();
+    const own = JSON.parse((await dki(["rag", "--model", model, "--data", data, "--user", "alice", "--query", "What is the safe combination?", "--collection", "private", "--max-tokens", "1", "--format", "json"])).stdout) as { sources: { kind: string; collection: string }[] };
+    expect(own.sources).toContainEqual(expect.objectContaining({ kind: "chunk", collection: "private" }));
+    expect(await dkiFails(["rag", "--model", model, "--data", data, "--user", "bob", "--query", "What is the safe combination?", "--collection", "private", "--max-tokens", "1"])).toBe('dki: no collection "private"; collections: games\n');
   });
 });

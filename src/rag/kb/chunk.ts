@@ -6,8 +6,8 @@
 // Chinese and Japanese text without spaces splits too), then the end of a line, once the chunk is
 // a quarter full; only a passage with none of these in reach is cut mid-sentence, at the token
 // limit. The next chunk repeats whole sentences from the end of the one before, at most
-// `overlapTokens` of them (none when the last sentence alone is longer; after a cut mid-sentence,
-// the last `overlapTokens` tokens, as the token strategy does). Strategy "tokens": plain windows of
+// `overlapTokens` of them (none when the last sentence alone is longer; after a cut mid-sentence
+// with no sentence start within reach, the last `overlapTokens` tokens, as the token strategy does). Strategy "tokens": plain windows of
 // `chunkTokens` advancing by `chunkTokens - overlapTokens`, wherever they fall.
 //
 // Either way, a last piece adding fewer than `minTailTokens` new tokens joins the chunk before it
