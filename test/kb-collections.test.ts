@@ -157,6 +157,13 @@ describe("collections per tenant", () => {
     // The unscoped KnowledgeBase (its owner: the library caller, an admin) sees everything.
     expect(tkb.listCollections()).toHaveLength(10);
     expect(() => tkb.forUser("")).toThrow(/non-empty user id/);
+    // Erasing a user: the collections owned by exactly that user go, with their chunks; a group's stay.
+    const alices = names.filter((n) => owners.get(n)?.userId === "alice");
+    expect(alices.length).toBeGreaterThan(0);
+    expect(await tkb.removeCollectionsOwnedBy("alice")).toEqual(alices);
+    expect(tkb.listCollections().map((c) => c.name)).toEqual(names.filter((n) => !alices.includes(n)));
+    for (const n of alices) expect(tkb.forUser("alice").hasCollection(n)).toBe(false);
+    expect(await tkb.removeCollectionsOwnedBy("team-a/")).toEqual(names.filter((n) => owners.get(n)?.userId === "team-a/"));
     await tkb.close();
   });
 });

@@ -123,7 +123,17 @@ describe("dki serve: collections per tenant", () => {
       if (k.key === ALICE) expect((await req("GET", "/v1/collections?user_id=bob", ALICE)).status).toBe(404);
     }
     expect(reached).toBeGreaterThan(10);
+    // Erasing a user removes the collections that user owns alone; a group's (prefix) stay.
+    const aliceOwns = [...owners].filter(([, o]) => o !== null && "user_id" in o && o.user_id === "alice").map(([n]) => n);
+    expect(aliceOwns.length).toBeGreaterThan(0);
+    const erased = await req("DELETE", "/v1/users/alice", ADMIN);
+    expect(erased.status, erased.text).toBe(200);
+    expect(erased.json).toMatchObject({ erased: { kb_collections: aliceOwns } });
+    const after = ((await req("GET", "/v1/collections", ADMIN)).json as { results: { name: string }[] }).results.map((c) => c.name);
+    for (const n of aliceOwns) expect(after).not.toContain(n);
+    expect(after).toEqual(expect.arrayContaining([...owners].filter(([, o]) => o === null || !("user_id" in o) || o.user_id !== "alice").map(([n]) => n)));
+    for (const n of aliceOwns) expect((await req("POST", `/v1/collections/${n}/search`, ALICE, { query: "secret recipe" })).status).toBe(404);
     // The admin naming no user sees every collection.
-    expect((await req("GET", "/v1/collections", ADMIN)).json).toMatchObject({ results: expect.arrayContaining([...owners.keys()].map((name) => expect.objectContaining({ name }))) });
+    expect((await req("GET", "/v1/collections", ADMIN)).json).toMatchObject({ results: expect.arrayContaining([...owners.keys()].filter((n) => !aliceOwns.includes(n)).map((name) => expect.objectContaining({ name }))) });
   });
 });

@@ -643,6 +643,19 @@ export class KnowledgeBase implements KbRetriever {
     return { documents: removed.documents, chunks: removed.ids.length };
   }
 
+  /**
+   * Removes every collection owned by exactly this user (owner.userId), with all their documents
+   * and chunks: what erasing a user removes from the knowledge base. A collection owned by a user
+   * prefix belongs to a group, not to the user, and stays. Returns the names removed.
+   */
+  async removeCollectionsOwnedBy(userId: string): Promise<string[]> {
+    this.live();
+    if (typeof userId !== "string" || userId === "") throw new DkiArgumentError("removeCollectionsOwnedBy needs a non-empty user id");
+    const names = [...this.collections.getRange()].filter(({ value }) => value.owner?.userId === userId).map(({ value }) => value.name);
+    for (const name of names) await this.removeCollection(name);
+    return names;
+  }
+
   /** Removes a collection with every document and chunk. */
   async removeCollection(name: string): Promise<void> {
     this.live();
