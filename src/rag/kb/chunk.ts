@@ -141,14 +141,21 @@ function tokenBreaks(text: string, at: number[], n: number): { k: number; kind: 
 function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required<ChunkOptions>, blank: (k: number) => boolean): [number, number][] {
   const { chunkTokens, overlapTokens, minTailTokens } = o;
   const windows: [number, number][] = [];
-  // The best break in (from + minFill, limit] of at least `kind`, latest first.
-  const best = (from: number, limit: number, kind: number, minFill: number): number | undefined => {
-    for (let i = breaks.length - 1; i >= 0; i--) {
-      const b = breaks[i];
-      if (b.k > limit) continue;
-      if (b.k - from < minFill) return undefined;
-      if (b.kind >= kind) return b.k;
+  // Index of the first break at or after token k (breaks are sorted): a search per chunk, so a
+  // long document costs O(chunks · log breaks), not O(chunks · breaks).
+  const firstAtOrAfter = (k: number): number => {
+    let lo = 0;
+    let hi = breaks.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (breaks[mid].k < k) lo = mid + 1;
+      else hi = mid;
     }
+    return lo;
+  };
+  // The latest break of at least `kind` in [from + minFill, limit].
+  const best = (from: number, limit: number, kind: number, minFill: number): number | undefined => {
+    for (let i = firstAtOrAfter(limit + 1) - 1; i >= 0 && breaks[i].k - from >= minFill; i--) if (breaks[i].kind >= kind) return breaks[i].k;
     return undefined;
   };
   for (let from = 0; ; ) {
@@ -170,7 +177,8 @@ function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required
     // The overlap: from the first break in its reach (whole sentences); else, after a cut
     // mid-sentence, the last overlapTokens tokens; after a clean end with no break in reach, none.
     const reach = end - overlapTokens;
-    const start = overlapTokens === 0 ? undefined : breaks.find((b) => b.k >= reach && b.k > from && b.k < end)?.k;
+    const first = breaks[firstAtOrAfter(Math.max(reach, from + 1))];
+    const start = overlapTokens === 0 || first === undefined || first.k >= end ? undefined : first.k;
     from = start ?? (atBreak === undefined ? Math.max(from + 1, reach) : end);
   }
   return windows;
