@@ -23,6 +23,7 @@ describe("dki kb create / delete / search --user", () => {
     expect((await dki(["kb", "create", "games", "--data", data, "--chunk-tokens", "128", "--overlap", "16"])).stdout).toBe("exists games\tchunks of 128 tokens, overlap 16, sentence\n");
     expect(await dkiFails(["kb", "create", "games", "--data", data])).toBe('dki: collection "games" exists with other settings: chunk.chunkTokens is 128, not 512; chunk.overlapTokens is 16, not 64; chunk.minTailTokens is 32, not 128\n');
     expect(await dkiFails(["kb", "create", "x", "--data", data, "--owner-user", "a", "--owner-prefix", "b"])).toMatch(/--owner-user or --owner-prefix, not both/);
+    expect(await dkiFails(["kb", "ingest", join(files, "s1.md"), "-c", "games", "--data", data, "--chunk-strategy", "words"])).toMatch(/--chunk-strategy must be one of sentence, tokens, got "words"/);
     const json = JSON.parse((await dki(["kb", "create", "private", "--data", data, "--owner-user", "alice", "--format", "json"])).stdout) as { created: boolean; collection: { owner: { user_id: string } } };
     expect(json).toMatchObject({ created: true, collection: { owner: { user_id: "alice" } } });
     expect((await dki(["kb", "list", "--data", data])).stdout).toBe("games\t0 documents\t0 chunks\nprivate\t0 documents\t0 chunks\towner alice\n");

@@ -61,6 +61,20 @@ describe("collections: get-or-create", () => {
   });
 });
 
+describe("chunk settings and re-ingestion", () => {
+  test("the chunk settings are part of a document's hash: the same text under another strategy is re-chunked, under the same one unchanged", async () => {
+    const text = Array.from({ length: 30 }, (_, i) => `Clause ${i} says the office opens at nine.`).join(" ");
+    const chunk = { chunkTokens: 40, overlapTokens: 0 };
+    expect((await kb.ingestText(text, { collection: "rechunk", docId: "d", chunk: { ...chunk, strategy: "tokens" } })).status).toBe("added");
+    const windows = kb.snapshot("rechunk").chunks.map((c) => c.text);
+    expect(windows.some((t) => !t.endsWith("."))).toBe(true);
+    expect((await kb.ingestText(text, { collection: "rechunk", docId: "d", chunk })).status).toBe("replaced");
+    const sentences = kb.snapshot("rechunk").chunks.map((c) => c.text);
+    expect(sentences.every((t) => t.endsWith("nine."))).toBe(true);
+    expect((await kb.ingestText(text, { collection: "rechunk", docId: "d", chunk: { ...chunk, strategy: "sentence" } })).status).toBe("unchanged");
+  });
+});
+
 describe("delete by metadata filter", () => {
   test("removes every matching document with its chunks, in one step; search and reopening agree", async () => {
     for (const session of ["s1", "s2", "s3"]) {
