@@ -45,7 +45,11 @@ describe("dki serve: collection settings and delete by filter", () => {
     expect((other.json as { error: { message: string } }).error.message).toMatch(/chunk\.chunkTokens is 128, not 256/);
     expect((await req("PUT", "/v1/collections/x2", ADMIN, { owner: { user_id: "a", user_prefix: "b" } })).status).toBe(400);
     expect((await req("PUT", "/v1/collections/x2", ADMIN, { colour: "red" })).status).toBe(400);
-    expect((await req("GET", "/v1/collections", ADMIN)).json).toMatchObject({ results: [{ name: "games" }] });
+    // No body at all: the default settings.
+    const bare = await req("PUT", "/v1/collections/plain", ADMIN);
+    expect(bare.status, bare.text).toBe(201);
+    expect(bare.json).toMatchObject({ name: "plain", chunk: { chunk_tokens: 512 } });
+    expect((await req("GET", "/v1/collections", ADMIN)).json).toMatchObject({ results: [{ name: "games" }, { name: "plain" }] });
   });
 
   test("POST /v1/collections/{c}/documents/delete: every document a filter matches (admin only)", async () => {

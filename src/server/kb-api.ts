@@ -69,6 +69,10 @@ export function registerKbRoutes(app: FastifyInstance, ctx: ServerContext): void
   app.put<{ Params: { collection: string }; Body: { chunk?: { chunk_tokens?: number; overlap_tokens?: number; min_tail_tokens?: number; strategy?: ChunkStrategy }; owner?: { user_id?: string; user_prefix?: string } } }>(
     "/v1/collections/:collection",
     {
+      // A PUT with no body at all asks for the default settings.
+      preValidation: async (request) => {
+        if (request.body === undefined || request.body === null) request.body = {};
+      },
       schema: {
         params: { type: "object", properties: { collection: name } },
         body: {
@@ -83,7 +87,7 @@ export function registerKbRoutes(app: FastifyInstance, ctx: ServerContext): void
     },
     async (request, reply) => {
       requireAdmin(request);
-      const b = request.body ?? {};
+      const b = request.body;
       const settings: CollectionSettings = {};
       if (b.chunk !== undefined) settings.chunk = { chunkTokens: b.chunk.chunk_tokens, overlapTokens: b.chunk.overlap_tokens, minTailTokens: b.chunk.min_tail_tokens, strategy: b.chunk.strategy };
       if (b.owner !== undefined) settings.owner = { ...(b.owner.user_id !== undefined ? { userId: b.owner.user_id } : {}), ...(b.owner.user_prefix !== undefined ? { userPrefix: b.owner.user_prefix } : {}) };
