@@ -94,8 +94,11 @@ const LINE = 1;
 // one), or at CJK punctuation wherever it stands (CJK text has no spaces); closing quotes and
 // brackets after the punctuation stay with the sentence they close.
 const SENTENCE_END = /(?:[.!?]+["'”’)\]]*(?=\s))|(?:[。！？…]+[”’」』）》"']*)/g;
-const PARAGRAPH_END = /[ \t]*\n[ \t]*\n/g;
-const LINE_END = /[ \t]*\n/g;
+// Paragraph and line ends are placed right after the last character of text, never inside a run of
+// blank lines: a break there would let a chunk end past the one before with nothing new but
+// white space.
+const PARAGRAPH_END = /(?<=\S)[ \t]*\n[ \t]*\n/g;
+const LINE_END = /(?<=\S)[ \t]*\n/g;
 
 /**
  * The places in a text where a chunk may end, as character offsets with their kind (the best kind
@@ -138,8 +141,11 @@ function tokenBreaks(text: string, at: number[], n: number): { k: number; kind: 
 }
 
 /** Token windows [from, to) over a section of n tokens, by the options and the section's breaks. */
-function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required<ChunkOptions>, blank: (k: number) => boolean): [number, number][] {
+function windowsOf(tokens: number, breaks: { k: number; kind: number }[], o: Required<ChunkOptions>, blank: (k: number) => boolean): [number, number][] {
   const { chunkTokens, overlapTokens, minTailTokens } = o;
+  // White space at the end of a section is no tail: it must not make a chunk of its own.
+  let n = tokens;
+  while (n > 1 && blank(n - 1)) n--;
   const windows: [number, number][] = [];
   // Index of the first break at or after token k (breaks are sorted): a search per chunk, so a
   // long document costs O(chunks · log breaks), not O(chunks · breaks).
@@ -153,11 +159,13 @@ function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required
     }
     return lo;
   };
-  // The latest break of at least `kind` in [from + minFill, limit].
-  const best = (from: number, limit: number, kind: number, minFill: number): number | undefined => {
-    for (let i = firstAtOrAfter(limit + 1) - 1; i >= 0 && breaks[i].k - from >= minFill; i--) if (breaks[i].kind >= kind) return breaks[i].k;
+  // The latest break of at least `kind` in [from + minFill, limit] and past `after` (the end of
+  // the chunk before: a chunk that started in its overlap must still bring new text).
+  const best = (from: number, limit: number, after: number, kind: number, minFill: number): number | undefined => {
+    for (let i = firstAtOrAfter(limit + 1) - 1; i >= 0 && breaks[i].k - from >= minFill && breaks[i].k > after; i--) if (breaks[i].kind >= kind) return breaks[i].k;
     return undefined;
   };
+  let prevEnd = 0;
   for (let from = 0; ; ) {
     // A chunk starts at its first word: the white space between paragraphs would only take room.
     while (from < n - 1 && blank(from)) from++;
@@ -166,7 +174,7 @@ function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required
       break;
     }
     const limit = from + chunkTokens;
-    const atBreak = best(from, limit, PARAGRAPH, Math.ceil(chunkTokens / 2)) ?? best(from, limit, SENTENCE, Math.ceil(chunkTokens / 4)) ?? best(from, limit, LINE, Math.ceil(chunkTokens / 4));
+    const atBreak = best(from, limit, prevEnd, PARAGRAPH, Math.ceil(chunkTokens / 2)) ?? best(from, limit, prevEnd, SENTENCE, Math.ceil(chunkTokens / 4)) ?? best(from, limit, prevEnd, LINE, Math.ceil(chunkTokens / 4));
     const end = atBreak ?? limit;
     if (n - end < minTailTokens) {
       // The short tail joins this chunk: n - from < chunkTokens + minTailTokens.
@@ -174,6 +182,7 @@ function windowsOf(n: number, breaks: { k: number; kind: number }[], o: Required
       break;
     }
     windows.push([from, end]);
+    prevEnd = end;
     // The overlap: from the first break in its reach (whole sentences); else, after a cut
     // mid-sentence, the last overlapTokens tokens; after a clean end with no break in reach, none.
     const reach = end - overlapTokens;
