@@ -13,7 +13,7 @@ import type { Metadata } from "../../memory/types.js";
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { checkCollectionName, checkOwner } from "./knowledge-base.js";
 import type { KbSearchDetail, KbSearchResult } from "./search.js";
-import { ownerAdmits, type CollectionOwner, type KbRetrieveOptions, type KbRetriever } from "./tenancy.js";
+import { noCollectionError, ownerAdmits, type CollectionOwner, type KbRetrieveOptions, type KbRetriever } from "./tenancy.js";
 
 export interface InMemoryDocument {
   id: string;
@@ -80,7 +80,7 @@ export class InMemoryRetriever implements KbRetriever {
     const c = this.collections.get(o.collection);
     if (c === undefined || !ownerAdmits(c.owner, o.userId)) {
       const names = [...this.collections].filter(([, x]) => ownerAdmits(x.owner, o.userId)).map(([n]) => n);
-      throw new DkiArgumentError(`no collection ${JSON.stringify(o.collection)}${names.length > 0 ? `; collections: ${names.join(", ")}` : " (the retriever is empty)"}`);
+      throw noCollectionError(o.collection, names, "the retriever");
     }
     const limit = o.limit ?? 5;
     const minScore = o.minScore ?? 0;

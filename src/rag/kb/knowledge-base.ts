@@ -19,7 +19,7 @@ import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokeni
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
 import { searchKnowledgeBase, type KbSearchDetail, type KbSearchOptions, type KbSearchResult } from "./search.js";
-import { KbTenantView, ownerAdmits, type CollectionOwner, type KbRetrieveOptions, type KbRetriever } from "./tenancy.js";
+import { KbTenantView, noCollectionError, ownerAdmits, type CollectionOwner, type KbRetrieveOptions, type KbRetriever } from "./tenancy.js";
 
 export const KB_SCHEMA_VERSION = 2; // 2: [collection, id] array keys (1 had "collection\0id" strings)
 
@@ -428,7 +428,7 @@ export class KnowledgeBase implements KbRetriever {
     const c = this.collections.get(name);
     if (c === undefined) {
       const names = [...this.collections.getKeys()].map(String);
-      throw new DkiArgumentError(`no collection ${JSON.stringify(name)}${names.length > 0 ? `; collections: ${names.join(", ")}` : " (the knowledge base is empty)"}`);
+      throw noCollectionError(name, names);
     }
     return c;
   }

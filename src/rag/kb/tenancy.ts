@@ -16,6 +16,14 @@ export interface CollectionOwner {
   userPrefix?: string;
 }
 
+/**
+ * The error for a collection a caller cannot use: missing, or another tenant's (the same words,
+ * so the two cannot be told apart), listing only the collections the caller may see.
+ */
+export function noCollectionError(name: unknown, visible: readonly string[], holder = "the knowledge base"): DkiArgumentError {
+  return new DkiArgumentError(`no collection ${JSON.stringify(name)}${visible.length > 0 ? `; collections: ${visible.join(", ")}` : ` (${holder} is empty)`}`);
+}
+
 /** Whether an owner admits a user (null: no user, who sees shared collections only). */
 export function ownerAdmits(owner: CollectionOwner | undefined, userId: string | null): boolean {
   if (owner === undefined) return true;
@@ -48,10 +56,7 @@ export class KbTenantView implements KbRetriever {
 
   /** The collection if this user may see it; else the error a missing collection gives, naming only visible ones. */
   private check(name: string): string {
-    if (!this.kb.visibleTo(name, this.userId)) {
-      const names = this.listCollections().map((c) => c.name);
-      throw new DkiArgumentError(`no collection ${JSON.stringify(name)}${names.length > 0 ? `; collections: ${names.join(", ")}` : " (the knowledge base is empty)"}`);
-    }
+    if (!this.kb.visibleTo(name, this.userId)) throw noCollectionError(name, this.listCollections().map((c) => c.name));
     return name;
   }
 
