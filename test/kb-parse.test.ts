@@ -141,10 +141,11 @@ describe("documents converted to Markdown, structure kept", () => {
 describe("chunking (SmolLM2 tokenizer)", () => {
   const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(" ");
 
-  test("windows of 512 tokens overlapping by 64; offsets point at the chunk text; the whole text is covered", async () => {
+  test("token strategy: windows of 512 tokens overlapping by 64; offsets point at the chunk text; the whole text is covered", async () => {
     const text = words(1500, "w") + "\n\n" + "北京是中国的首都，有很多素食餐厅。".repeat(60);
     const doc = await parseDocument(enc(text), "text", "long.txt");
-    const chunks = chunkDocument(tok, doc);
+    // Plain windows, wherever they fall (the sentence strategy's own invariants: kb-chunk.test.ts).
+    const chunks = chunkDocument(tok, doc, { strategy: "tokens" });
     expect(chunks.length).toBeGreaterThan(3);
     for (const c of chunks) {
       expect(doc.text.slice(c.start, c.end)).toBe(c.text);

@@ -30,8 +30,8 @@ import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
-import type { KnowledgeBase } from "./kb/knowledge-base.js";
 import type { KbSearchOptions, KbSearchResult } from "./kb/search.js";
+import type { KbRetriever } from "./kb/tenancy.js";
 
 export type KbMode = "text" | "kv";
 
@@ -42,17 +42,27 @@ export interface RAGConfig {
   layout: PromptLayout | "auto";
   /** Knowledge-base chunks per turn. Default 5. */
   kbTopK: number;
+  /**
+   * false: retrieval is off: turns search neither memories nor the knowledge base (a collection
+   * asked for is named in metadata.warnings), and answer from the history and the query alone.
+   * Default true.
+   */
+  enabled: boolean;
 }
 
-export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5 });
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, enabled: true });
 
 /** DKISystem's open options (the same checks, model ownership and store opening), and: */
 export interface RAGSystemOptions extends SystemOpenOptions {
   /** The shared settings: maxMemories, memoryMaxTokens, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
   config?: DKIConfigInput;
   rag?: Partial<RAGConfig>;
-  /** A knowledge base for `collection` turns (the caller keeps owning it). */
-  knowledgeBase?: KnowledgeBase;
+  /**
+   * What `collection` turns retrieve from (the caller keeps owning it): a KnowledgeBase, or any
+   * KbRetriever (InMemoryRetriever for tests). It is asked as the turn's user, so a collection
+   * owned by another tenant is not found.
+   */
+  knowledgeBase?: KbRetriever;
   /** K/V cache folder for kbMode "kv" (default: DKISystem's, beside the store's folder; opened on the first kv turn). */
   cacheDir?: string;
 }
@@ -136,7 +146,7 @@ export class RAGSystem {
     readonly store: MemoryStoreApi,
     readonly config: DKIConfig,
     readonly rag: RAGConfig,
-    readonly knowledgeBase: KnowledgeBase | null,
+    readonly knowledgeBase: KbRetriever | null,
     private readonly cacheDir: string,
     private readonly budgets: CacheBudgets,
   ) {
@@ -179,21 +189,25 @@ export class RAGSystem {
   private async turn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
     // From the call: the wait behind the session's earlier turns counts, as in DKISystem.
     const t0 = performance.now() - sessionWaitMs;
-    const kbMode: KbMode | null = opts.collection === undefined ? null : (opts.kbMode ?? "text");
     if (opts.collection !== undefined && this.knowledgeBase === null) throw new DkiArgumentError("this RAGSystem has no knowledge base: open it with knowledgeBase to search a collection");
+    // Retrieval switched off: no search of any kind, and the turn says what it did not search.
+    const retrieval = this.rag.enabled;
+    const collection = retrieval ? opts.collection : undefined;
+    const offWarnings = !retrieval && opts.collection !== undefined ? [`retrieval is disabled (rag.enabled false): collection ${JSON.stringify(opts.collection)} not searched`] : [];
+    const kbMode: KbMode | null = collection === undefined ? null : (opts.kbMode ?? "text");
     const lat = emptyLatency();
 
     // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
     let t = performance.now();
-    const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
+    const routed: SearchResult[] = opts.useMemories === false || !retrieval ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
     let kb: KbSearchResult[] = [];
     let kbQueries: string[] = [];
-    if (opts.collection !== undefined && this.knowledgeBase !== null) {
-      const so: KbSearchOptions = { collection: opts.collection, limit: opts.kbTopK ?? this.rag.kbTopK, filter: opts.kbFilter, minScore: opts.kbMinScore };
+    if (collection !== undefined && this.knowledgeBase !== null) {
+      const so: KbSearchOptions = { collection, limit: opts.kbTopK ?? this.rag.kbTopK, filter: opts.kbFilter, minScore: opts.kbMinScore };
       if (opts.kbMultiQuery !== undefined || opts.kbHyde) {
         so.expand = { multiQuery: opts.kbMultiQuery, hyde: opts.kbHyde, generate: (prompt, maxNewTokens) => this.expansion(opts.userId, prompt, maxNewTokens, opts.signal) };
       }
-      const found = await this.knowledgeBase.searchDetailed(query, so);
+      const found = await this.knowledgeBase.retrieve(query, { ...so, userId: opts.userId });
       kb = found.results;
       kbQueries = found.queries;
     }
@@ -271,7 +285,7 @@ export class RAGSystem {
         sessionId: opts.sessionId,
         layout,
         kbMode,
-        collection: opts.collection ?? null,
+        collection: collection ?? null,
         contextTokens,
         injectedTokens,
         contextsUsed: built.contextsUsed,
@@ -280,7 +294,7 @@ export class RAGSystem {
         historyTotal: built.historyTotal,
         forcedFallback: built.forcedFallback,
         memoriesLeftOut: leftOut,
-        warnings: built.warnings,
+        warnings: [...offWarnings, ...built.warnings],
         log: built.log,
         kbQueries,
       },
@@ -299,7 +313,7 @@ export class RAGSystem {
         mode: "rag",
         layout,
         kbMode,
-        collection: opts.collection ?? null,
+        collection: collection ?? null,
         chunkIds: chunkSources.map((s) => s.chunkId),
         inputTokens: response.inputTokens,
         outputTokens: response.outputTokens,
@@ -366,6 +380,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
   if (!(typeof c.contextShare === "number" && c.contextShare >= 0 && c.contextShare <= 1)) throw new DkiArgumentError(`rag.contextShare must be in [0, 1], got ${String(c.contextShare)}`);
   if (c.layout !== "auto" && c.layout !== "seed" && c.layout !== "chat") throw new DkiArgumentError(`rag.layout must be "auto", "seed" or "chat", got ${JSON.stringify(c.layout)}`);
   if (!Number.isInteger(c.kbTopK) || c.kbTopK < 1 || c.kbTopK > 100) throw new DkiArgumentError(`rag.kbTopK must be an integer from 1 to 100, got ${String(c.kbTopK)}`);
+  if (typeof c.enabled !== "boolean") throw new DkiArgumentError(`rag.enabled must be true or false, got ${JSON.stringify(c.enabled)}`);
   return c;
 }
 

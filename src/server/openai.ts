@@ -427,7 +427,8 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
     const mode: Mode = b.dki?.mode ?? "dki";
     for (const k of ["alpha", "tau"] as const) if (b.dki?.[k] !== undefined && mode !== "dki") throw badRequest(`dki.${k} applies to mode "dki" only (this request's mode is "${mode}")`, `dki.${k}`);
     if (b.dki?.collection !== undefined && mode !== "rag") throw badRequest(`dki.collection is searched by the RAG baseline: give dki.mode "rag" with it (this request's mode is "${mode}")`, "dki.collection");
-    if (b.dki?.collection !== undefined && !s.kb.listCollections().some((c) => c.name === b.dki?.collection)) throw new ApiError(404, "not_found_error", `collection ${JSON.stringify(b.dki.collection)} not found`, "dki.collection", "not_found");
+    // The turn's user's view: another tenant's collection is as missing as one that does not exist.
+    if (b.dki?.collection !== undefined && !s.kb.forUser(user).hasCollection(b.dki.collection)) throw new ApiError(404, "not_found_error", `collection ${JSON.stringify(b.dki.collection)} not found`, "dki.collection", "not_found");
     if (b.dki?.tau !== undefined && b.dki.alpha !== undefined) throw badRequest("dki.tau is the gate's threshold: it does nothing with dki.alpha, which bypasses the gate", "dki.tau");
     const maxNewTokens = maxTokensOf(b, b.max_completion_tokens !== undefined ? "max_completion_tokens" : "max_tokens");
     const session = b.dki?.session ?? `api-${randomUUID()}`;
