@@ -18,6 +18,7 @@ export { ggufTokenizer, ggufTokenizerJson } from "./tokenizer/gguf-tokenizer.js"
 export { convertHfToGguf, type ConvertOptions, type GgufOutType } from "./models/convert.js";
 export { HashingEmbedder, HASHING_RELEVANCE_THRESHOLD, type HashingEmbedderOptions } from "./memory/embedders/hashing.js";
 export { OnnxEmbedder, type OnnxEmbedderOptions } from "./memory/embedders/onnx.js";
+export { HttpEmbedder, firstWorkingEmbedder, type HttpEmbedderOptions, type EmbedderCandidate } from "./memory/embedders/http.js";
 export { terms } from "./memory/text-terms.js";
 export * from "./memory/index.js";
 export { DKISystem, DEFAULT_BUDGETS, analyzeBudget, assembleBlocks, canonicalStart, routeMemories, decideGating, gateAlpha, resolveConfig, buildHybridPrompt, formatHistory, mergePreferences, renderPrompt, detectLanguage, tokenCounter, layerCostMs, FlatHistoryProvider, FairQueue, HISTORY_TEMPLATES, HISTORY_MARKERS, type DKISystemOptions, type ChatOptions, type DKIResponse, type DKIMetadata, type DKIStats, type MemoryUsed, type BlockOrigin, type HybridInjectionInfo, type DKIConfig, type DKIConfigInput, type GatingConfig, type RelevanceThresholdSource, type GatingDecision, type BudgetAnalysis, type LatencyBreakdown, type HistoryProvider, type HistoryRequest, type HistorySuffix, type BlockSpec, type BlockSource, type Assembly, type AssembledBlock, type TokenCounter, type RouteOptions } from "./dki/index.js";

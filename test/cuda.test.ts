@@ -376,21 +376,15 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       plain.dispose();
     });
 
-    test("a bad DKI_CUDA_ATTENTION is an error naming it when a context is made", () => {
-      process.env.DKI_CUDA_ATTENTION = "flash";
+    test.each([
+      ["DKI_CUDA_ATTENTION", "flash", '"warp" or "tiled"'],
+      ["DKI_CUDA_SPLIT_PREFILL", "yes", '"on" or "off"'],
+    ])("a bad %s is an error naming it when a context is made", (name, value, expected) => {
+      process.env[name] = value;
       try {
-        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_ATTENTION must be "warp" or "tiled", not "flash"/);
+        expect(() => m.createContext(64)).toThrow(`${name} must be ${expected}, not "${value}"`);
       } finally {
-        delete process.env.DKI_CUDA_ATTENTION;
-      }
-    });
-
-    test("a bad DKI_CUDA_SPLIT_PREFILL is an error naming it when a context is made", () => {
-      process.env.DKI_CUDA_SPLIT_PREFILL = "yes";
-      try {
-        expect(() => m.createContext(64)).toThrow(/DKI_CUDA_SPLIT_PREFILL must be "on" or "off", not "yes"/);
-      } finally {
-        delete process.env.DKI_CUDA_SPLIT_PREFILL;
+        delete process.env[name];
       }
     });
 

@@ -35,7 +35,7 @@ describe("dki kb", () => {
     expect(await dkiFails(["kb", "search", "x", ...args, "--filter", '{"eq":{"colour":"red"}}'])).toMatch(/^dki: filter: unknown field "colour"/);
     expect(await dkiFails(["kb", "search", "x", ...args, "--filter", "{bad json"])).toMatch(/--filter is not valid JSON/);
     expect(await dkiFails(["kb", "search", "x", "--collection", "nope", "--data", data])).toMatch(/no collection "nope"; collections: docs/);
-    expect(await dkiFails(["kb", "ingest", join(files, "notes.docx"), ...args])).toMatch(/unsupported document type "\.docx"/);
+    expect(await dkiFails(["kb", "ingest", join(files, "notes.odt"), ...args])).toMatch(/unsupported document type "\.odt"/);
 
     const id = listed.documents.find((d) => d.doc_id.endsWith("report.pdf"))!.doc_id;
     expect((await dki(["kb", "rm", id, ...args])).stdout).toBe(`removed ${id}\n`);
@@ -60,7 +60,7 @@ describe("dki kb: a missing knowledge base, folders, document ids, metadata, inv
     writeFileSync(join(dir, "a.md"), "# A\nAlpha text.\n");
     writeFileSync(join(dir, "sub", "b.txt"), "Bravo text.");
     writeFileSync(join(dir, "sub", "deeper", "c.html"), "<p>Charlie text.</p>");
-    writeFileSync(join(dir, "notes.docx"), "PK");
+    writeFileSync(join(dir, "notes.odt"), "PK");
     writeFileSync(join(dir, "image.png"), "x");
     writeFileSync(join(dir, ".hidden", "x.md"), "# hidden");
     const kbData = tempDir();
@@ -69,7 +69,7 @@ describe("dki kb: a missing knowledge base, folders, document ids, metadata, inv
       [
         `skipped ${dir}/.hidden: hidden`,
         `skipped ${dir}/image.png: unsupported type .png`,
-        `skipped ${dir}/notes.docx: unsupported type .docx`,
+        `skipped ${dir}/notes.odt: unsupported type .odt`,
         `[1/3] added ${dir}/a.md: 1 chunks`,
         `[2/3] added ${dir}/sub/b.txt: 1 chunks`,
         `[3/3] added ${dir}/sub/deeper/c.html: 1 chunks`,
@@ -85,7 +85,7 @@ describe("dki kb: a missing knowledge base, folders, document ids, metadata, inv
     expect(out.skipped).toEqual([
       { path: `${dir}/.hidden`, reason: "hidden" },
       { path: `${dir}/image.png`, reason: "unsupported type .png" },
-      { path: `${dir}/notes.docx`, reason: "unsupported type .docx" },
+      { path: `${dir}/notes.odt`, reason: "unsupported type .odt" },
     ]);
     // A folder with nothing to ingest is an error, naming it and what is supported.
     const other = tempDir();

@@ -9,6 +9,7 @@ import type { Embedder } from "../src/memory/types.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { smollm2Tokenizer, tempDir } from "./support/paths.js";
 import { makePdf } from "./support/pdf.js";
+import { makeDocx } from "./support/docx.js";
 
 let tok: Tokenizer;
 let dir: string;
@@ -64,6 +65,24 @@ describe("ingestion", () => {
     expect(pages.sort()).toEqual([1, 2]);
     expect(kb.getDocument("docs", docs.find((d) => d.docId.endsWith("report.pdf"))!.docId)!.title).toBe("Q3 Report");
     expect(kb.getCollection("docs")).toMatchObject({ documents: 4, chunks: snap.chunks.length, customFields: ["tags"], embedderId: embedder.id });
+  });
+
+  test("DOCX, CSV, JSON, XML and source code go in converted to Markdown: each found by search in its own section", async () => {
+    const paths = [
+      write("handbook.docx", await makeDocx([{ heading: 1, text: "Handbook" }, { heading: 2, text: "Leave" }, { text: "Employees get twenty days of paid leave a year." }])),
+      write("stations.csv", "station,line\nWaterloo,Jubilee\nKing's Cross,Victoria\n"),
+      write("cabin.json", JSON.stringify({ wifi: { ssid: "lakeside", password: "maple-42-river" } })),
+      write("server.xml", "<config><server><port>8080</port><host>localhost</host></server></config>"),
+      write("cache.py", "import os\n\ndef evict_oldest(cache):\n    return cache.popitem(last=False)\n"),
+    ];
+    for (const p of paths) expect((await kb.ingestFile(p, { collection: "formats" })).status).toBe("added");
+    const top = async (q: string) => (await kb.search(q, { collection: "formats", limit: 1 }))[0]!.chunk;
+    expect((await top("paid leave days")).headingPath).toEqual(["Handbook", "Leave"]);
+    expect((await top("wifi password")).headingPath).toEqual(["wifi"]);
+    expect((await top("Waterloo station Jubilee line")).headingPath).toEqual(["Rows 1–2"]);
+    expect((await top("server port")).headingPath).toEqual(["config", "server"]);
+    expect((await top("evict oldest cache entry")).headingPath).toEqual(["evict_oldest"]);
+    expect(kb.listDocuments("formats").map((d) => kb.getDocument("formats", d.docId)!.fields.docType).sort()).toEqual(["code", "csv", "docx", "json", "xml"]);
   });
 
   test("re-ingesting: unchanged is a no-op; changed replaces the chunks; repeated passages are stored once", async () => {
@@ -142,7 +161,7 @@ describe("ingestion", () => {
     expect(() => kb.selectDocuments("docs", { eq: { colour: "red" } })).toThrow(/unknown field "colour"; this collection's fields are category, chapter, createdAt, docId, docType, sessionId, source, tags, title/);
     expect(() => kb.selectDocuments("docs", { like: { category: "x" } } as never)).toThrow(/unknown operator "like"/);
     expect(() => kb.selectDocuments("docs", { and: [] })).toThrow(/non-empty array/);
-    expect(() => kb.listDocuments("nope")).toThrow(/no collection "nope"; collections: docs, policy/);
+    expect(() => kb.listDocuments("nope")).toThrow(/no collection "nope"; collections: docs, formats, policy/);
     expect(state("docs")).toBe(before);
   });
 

@@ -6,6 +6,7 @@ import { docTypeOf, htmlToText, markdownSections, parseDocument } from "../src/r
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { smollm2Tokenizer } from "./support/paths.js";
 import { makePdf } from "./support/pdf.js";
+import { makeDocx } from "./support/docx.js";
 
 let tok: Tokenizer;
 beforeAll(async () => {
@@ -20,7 +21,10 @@ describe("parsers", () => {
     expect(docTypeOf("x.htm")).toBe("html");
     expect(docTypeOf("x.pdf")).toBe("pdf");
     expect(docTypeOf("x.txt")).toBe("text");
-    expect(() => docTypeOf("report.docx")).toThrow(/report\.docx: unsupported document type "\.docx"; supported: .*\.md/);
+    expect(docTypeOf("report.docx")).toBe("docx");
+    expect(docTypeOf("a.csv")).toBe("csv");
+    expect(docTypeOf("a.py")).toBe("code");
+    expect(() => docTypeOf("report.odt")).toThrow(/report\.odt: unsupported document type "\.odt"; supported: .*\.md/);
     expect(() => docTypeOf("Makefile")).toThrow(/\(no extension\)/);
   });
 
@@ -83,13 +87,65 @@ describe("parsers", () => {
   });
 });
 
+describe("documents converted to Markdown, structure kept", () => {
+  const sectionsOf = (d: { text: string; sections: { start: number; end: number; headingPath: string[] }[] }) => d.sections.map((s) => s.headingPath.join(" > "));
+
+  test("DOCX: Word's heading styles become headings and sections, paragraphs stay, a table becomes a pipe table", async () => {
+    const docx = await makeDocx([
+      { heading: 1, text: "Handbook" },
+      { text: "Intro text." },
+      { heading: 2, text: "Leave" },
+      { text: "Twenty days a year." },
+      { table: [["Kind", "Days"], ["Sick", "10"], ["Parental | paid", "90"]] },
+    ]);
+    const d = await parseDocument(docx, "docx", "handbook.docx");
+    expect(d.text).toBe("# Handbook\n\nIntro text.\n\n## Leave\n\nTwenty days a year.\n\n| Kind | Days |\n| --- | --- |\n| Sick | 10 |\n| Parental \\| paid | 90 |");
+    expect(sectionsOf(d)).toEqual(["Handbook", "Handbook > Leave"]);
+    await expect(parseDocument(enc("PK not a zip"), "docx", "bad.docx")).rejects.toThrow(/bad\.docx: is not a readable DOCX/);
+  });
+
+  test("CSV and TSV: RFC 4180 fields (quoted delimiters, newlines, doubled quotes) in pipe tables of 50 rows, each under its own heading with the header repeated", async () => {
+    const d = await parseDocument(enc('name,city,note\r\nAda,London,"likes ""tea"", biscuits"\nBo,"New\nYork",\n'), "csv", "people.csv");
+    expect(d.text).toBe('## Rows 1–2\n\n| name | city | note |\n| --- | --- | --- |\n| Ada | London | likes "tea", biscuits |\n| Bo | New York |  |');
+    const rows = Array.from({ length: 120 }, (_, i) => `${i}\tv${i}`).join("\n");
+    const t = await parseDocument(enc(`id\tvalue\n${rows}\n`), "tsv", "big.tsv");
+    expect(sectionsOf(t)).toEqual(["Rows 1–50", "Rows 51–100", "Rows 101–120"]);
+    for (const s of t.sections) expect(t.text.slice(s.start, s.end)).toContain("| id | value |");
+    await expect(parseDocument(enc('a,b\n1,"open\n2,3\n'), "csv", "x.csv")).rejects.toThrow(/x\.csv: line 2: a quoted field is never closed/);
+  });
+
+  test("JSON: a heading per nested key path, scalars as key: value, scalar arrays as items; invalid JSON named", async () => {
+    const d = await parseDocument(enc(JSON.stringify({ title: "Cabin", wifi: { ssid: "lake", password: "maple-42" }, rooms: ["kitchen", "loft"], owners: [{ name: "Ana" }] })), "json", "cabin.json");
+    expect(d.text).toBe("title: Cabin\n\n# wifi\n\nssid: lake\npassword: maple-42\n\n# rooms\n\nrooms:\n\n- kitchen\n\n- loft\n\n# owners\n\n## owners › [0]\n\nname: Ana");
+    expect(sectionsOf(d)).toEqual(["", "wifi", "rooms", "owners", "owners > owners › [0]"]);
+    await expect(parseDocument(enc('{"a": 1,}'), "json", "bad.json")).rejects.toThrow(/bad\.json: is not valid JSON: /);
+  });
+
+  test("XML: elements with children as headings, leaves as name: text with attributes; a malformed file is refused", async () => {
+    const d = await parseDocument(enc('<?xml version="1.0"?><config version="2"><server><host>127.0.0.1</host><port unit="tcp">8080</port></server><owner>Ana</owner></config>'), "xml", "config.xml");
+    expect(d.text).toBe("# config\n\n@version: 2\n\n## server\n\nhost: 127.0.0.1\n\nport: 8080 (@unit: tcp)\n\nowner: Ana");
+    expect(sectionsOf(d)).toEqual(["config", "config > server"]);
+    await expect(parseDocument(enc("<a><b></a>"), "xml", "bad.xml")).rejects.toThrow(/bad\.xml: is not well-formed XML: line 1, column \d+: /);
+  });
+
+  test("source code: a section per top-level definition, fenced with its language; a fence longer than any backtick run in the code", async () => {
+    const py = 'import os\n\ndef load(path):\n    return open(path).read()\n\nclass Cache:\n    ## not a heading\n    pass\n';
+    const d = await parseDocument(enc(py), "code", "cache.py");
+    expect(d.text).toBe("## (top of file)\n\n```python\nimport os\n```\n\n## load\n\n```python\ndef load(path):\n    return open(path).read()\n```\n\n## Cache\n\n```python\nclass Cache:\n    ## not a heading\n    pass\n```");
+    expect(sectionsOf(d)).toEqual(["(top of file)", "load", "Cache"]);
+    const ts = "export async function f() {\n  return `a ``` b`;\n}\n";
+    expect((await parseDocument(enc(ts), "code", "f.ts")).text).toBe("## f\n\n````typescript\nexport async function f() {\n  return `a ``` b`;\n}\n````");
+  });
+});
+
 describe("chunking (SmolLM2 tokenizer)", () => {
   const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(" ");
 
-  test("windows of 512 tokens overlapping by 64; offsets point at the chunk text; the whole text is covered", async () => {
+  test("token strategy: windows of 512 tokens overlapping by 64; offsets point at the chunk text; the whole text is covered", async () => {
     const text = words(1500, "w") + "\n\n" + "北京是中国的首都，有很多素食餐厅。".repeat(60);
     const doc = await parseDocument(enc(text), "text", "long.txt");
-    const chunks = chunkDocument(tok, doc);
+    // Plain windows, wherever they fall (the sentence strategy's own invariants: kb-chunk.test.ts).
+    const chunks = chunkDocument(tok, doc, { strategy: "tokens" });
     expect(chunks.length).toBeGreaterThan(3);
     for (const c of chunks) {
       expect(doc.text.slice(c.start, c.end)).toBe(c.text);

@@ -279,6 +279,17 @@ describe("the steps on a generated model, in a RAGSystem turn", () => {
     expect(r2.metadata.kbQueries).toEqual(["Lumen Labs engineers", "What is engineering headcount?"]);
   });
 
+  test("retrieval off (rag.enabled false): no pipeline step runs, nothing is searched", async () => {
+    const script = new ScriptedBackend([[/JSON array/, '["a b c", "d e f"]'], [/Class:/, "complex"]]);
+    const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: script }, rag: { enabled: false } });
+    const r = await rag.chat("Lumen Labs engineers", { userId: "u", sessionId: "s", maxNewTokens: 2, collection: "firms", queryTransform: { decompose: 2 }, rerank: "lexical", adaptive: true });
+    await rag.close();
+    expect(script.prompts).toEqual([]);
+    expect(r.metadata.pipeline).toBeNull();
+    expect(r.sources).toEqual([]);
+    expect(r.metadata.warnings[0]).toMatch(/retrieval is disabled/);
+  });
+
   test("bad input names the problem", async () => {
     await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, steps: { model: 42 as unknown as string } })).rejects.toThrow(/steps.model must be/);
     await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, steps: { timeoutMs: -1 } })).rejects.toThrow(/steps.timeoutMs must be a positive integer/);

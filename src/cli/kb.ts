@@ -7,10 +7,12 @@ import { readdir, stat } from "node:fs/promises";
 import { extname, join } from "node:path";
 import type { Command } from "commander";
 import type { Filter } from "../memory/types.js";
-import { KnowledgeBase, type DocumentMetadata } from "../rag/kb/knowledge-base.js";
+import { KnowledgeBase, type CollectionSettings, type DocumentMetadata } from "../rag/kb/knowledge-base.js";
+import type { CollectionOwner } from "../rag/kb/tenancy.js";
 import type { KbSearchMode } from "../rag/kb/search.js";
 import { sourceLabel } from "../rag/citations.js";
 import { isSupportedFile } from "../rag/kb/parse.js";
+import { CHUNK_STRATEGIES, type ChunkStrategy } from "../rag/kb/chunk.js";
 import { snakeKeys } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonObjectOption, numberOption } from "./options.js";
 
@@ -73,7 +75,7 @@ async function filesToIngest(paths: string[]): Promise<{ files: string[]; skippe
  * progress is those lines, never a bar redrawn over them. With --format json the lines go to
  * stderr on a terminal only, and stdout gets one JSON object at the end.
  */
-async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; replaceInvalidUtf8?: boolean; format: "text" | "json" }): Promise<void> {
+async function ingest(paths: string[], flags: CommonFlags & { collection: string; metadata?: string; chunkTokens?: number; overlap?: number; chunkStrategy?: ChunkStrategy; replaceInvalidUtf8?: boolean; format: "text" | "json" }): Promise<void> {
   const metadata = flags.metadata === undefined ? undefined : (jsonObjectOption("--metadata", flags.metadata) as DocumentMetadata);
   const { files, skipped } = await filesToIngest(paths);
   const progress = (line: string) => {
@@ -88,7 +90,7 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
     for (const [i, p] of files.entries()) {
       const at = `[${i + 1}/${files.length}]`;
       try {
-        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap }, replaceInvalidUtf8: flags.replaceInvalidUtf8 });
+        const r = await kb.ingestFile(p, { collection: flags.collection, metadata, chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap, strategy: flags.chunkStrategy }, replaceInvalidUtf8: flags.replaceInvalidUtf8 });
         results.push({ path: p, ...r });
         if (r.invalidUtf8 > 0) process.stderr.write(`dki: warning: ${p}: ${r.invalidUtf8} byte sequence${r.invalidUtf8 === 1 ? " was" : "s were"} not UTF-8, read as U+FFFD\n`);
         progress(`${at} ${r.status} ${r.docId}: ${r.chunks} chunks${r.duplicatesSkipped > 0 ? `, ${r.duplicatesSkipped} duplicates skipped` : ""}`);
@@ -105,10 +107,11 @@ async function ingest(paths: string[], flags: CommonFlags & { collection: string
   });
 }
 
-async function search(query: string, flags: CommonFlags & { collection: string; filter?: string; limit: number; minScore?: number; mode: KbSearchMode; format: "text" | "json" }): Promise<void> {
+async function search(query: string, flags: CommonFlags & { collection: string; filter?: string; limit: number; minScore?: number; mode: KbSearchMode; user?: string; format: "text" | "json" }): Promise<void> {
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
   await withKb(flags, "must exist", async (kb) => {
-    const results = await kb.search(query, { collection: flags.collection, limit: flags.limit, filter, minScore: flags.minScore, mode: flags.mode });
+    // --user: the search as that user's (another tenant's collection is not found); else everything, as the knowledge base's owner.
+    const results = await (flags.user === undefined ? kb : kb.forUser(flags.user)).search(query, { collection: flags.collection, limit: flags.limit, filter, minScore: flags.minScore, mode: flags.mode });
     if (flags.format === "json") {
       process.stdout.write(JSON.stringify(snakeKeys({ query, results: results.map((r) => ({ score: r.score, signals: r.signals, source: r.source, text: r.chunk.text })) })) + "\n");
       return;
@@ -126,12 +129,37 @@ async function list(flags: CommonFlags & { collection?: string; format: "text" |
     if (flags.collection === undefined) {
       const cols = kb.listCollections();
       if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collections: cols })) + "\n");
-      else process.stdout.write(cols.length === 0 ? "(no collections)\n" : cols.map((c) => `${c.name}\t${c.documents} documents\t${c.chunks} chunks`).join("\n") + "\n");
+      else process.stdout.write(cols.length === 0 ? "(no collections)\n" : cols.map((c) => `${c.name}\t${c.documents} documents\t${c.chunks} chunks${ownerText(c.owner)}`).join("\n") + "\n");
       return;
     }
     const docs = kb.listDocuments(flags.collection);
     if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collection: flags.collection, documents: docs.map((d) => ({ docId: d.docId, title: d.title ?? null, docType: d.docType, chunks: d.chunkIds.length, bytes: d.bytes, fields: d.fields })) })) + "\n");
     else process.stdout.write(docs.length === 0 ? "(no documents)\n" : docs.map((d) => `${d.docId}\t${d.docType}\t${d.chunkIds.length} chunks${d.title ? `\t${d.title}` : ""}`).join("\n") + "\n");
+  });
+}
+
+const ownerText = (o: CollectionOwner | undefined) => (o === undefined ? "" : o.userId !== undefined ? `\towner ${o.userId}` : `\towner ${o.userPrefix}*`);
+
+/** Get-or-create: "created C" or "exists C"; an existing collection with other settings is refused, naming them. */
+async function create(name: string, flags: CommonFlags & { chunkTokens?: number; overlap?: number; minTail?: number; chunkStrategy?: ChunkStrategy; ownerUser?: string; ownerPrefix?: string; format: "text" | "json" }): Promise<void> {
+  if (flags.ownerUser !== undefined && flags.ownerPrefix !== undefined) throw new Error("give --owner-user or --owner-prefix, not both");
+  const settings: CollectionSettings = { chunk: { chunkTokens: flags.chunkTokens, overlapTokens: flags.overlap, minTailTokens: flags.minTail, strategy: flags.chunkStrategy } };
+  if (flags.ownerUser !== undefined) settings.owner = { userId: flags.ownerUser };
+  if (flags.ownerPrefix !== undefined) settings.owner = { userPrefix: flags.ownerPrefix };
+  await withKb(flags, "may create", async (kb) => {
+    const r = await kb.getOrCreateCollection(name, settings);
+    if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ created: r.created, collection: r.collection })) + "\n");
+    else process.stdout.write(`${r.created ? "created" : "exists"} ${name}\tchunks of ${r.collection.chunk.chunkTokens} tokens, overlap ${r.collection.chunk.overlapTokens}, ${r.collection.chunk.strategy}${ownerText(r.collection.owner)}\n`);
+  });
+}
+
+/** Delete by metadata filter: every matching document and its chunks, in one transaction. */
+async function deleteWhere(flags: CommonFlags & { collection: string; filter: string; format: "text" | "json" }): Promise<void> {
+  const filter = jsonObjectOption("--filter", flags.filter) as Filter;
+  await withKb(flags, "must exist", async (kb) => {
+    const r = await kb.deleteWhere(flags.collection, filter);
+    if (flags.format === "json") process.stdout.write(JSON.stringify(snakeKeys({ collection: flags.collection, deleted: r.documents, chunks: r.chunks })) + "\n");
+    else process.stdout.write(`deleted ${r.documents.length} documents (${r.chunks} chunks)${r.documents.map((d) => `\n  ${d}`).join("")}\n`);
   });
 }
 
@@ -153,7 +181,8 @@ export function registerKbCommand(program: Command): void {
       .requiredOption("-c, --collection <name>", "collection")
       .option("--metadata <json>", 'fields of every file: {"category", "source", "chapter", "sessionId", "createdAt", custom keys}; a re-ingested file keeps its own unless given ({} clears them)')
       .option("--chunk-tokens <n>", "tokens per chunk (default 512)", intOption("--chunk-tokens", 8, 65536))
-      .option("--overlap <n>", "tokens shared by consecutive chunks (default 64)", intOption("--overlap", 0, 65535))
+      .option("--overlap <n>", "tokens shared by consecutive chunks, at most (default 64; whole sentences with the sentence strategy)", intOption("--overlap", 0, 65535))
+      .option("--chunk-strategy <s>", "sentence (chunks end at paragraph, then sentence ends; default) or tokens (plain windows)", choiceOption("--chunk-strategy", CHUNK_STRATEGIES))
       .option("--replace-invalid-utf8", "read bytes that are not UTF-8 as U+FFFD, with a warning counting them (default: such a file is refused)")
       .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
   ).action((paths: string[], flags) => ingest(paths, flags));
@@ -166,8 +195,29 @@ export function registerKbCommand(program: Command): void {
       .option("-k, --limit <n>", "results", intOption("--limit", 1, 1000), 5)
       .option("--min-score <s>", "similarity threshold in [0, 1]", numberOption("--min-score", { min: 0, max: 1 }))
       .option("--mode <mode>", "hybrid, dense or bm25", choiceOption("--mode", ["hybrid", "dense", "bm25"] as const), "hybrid")
+      .option("--user <id>", "search as this user: a collection owned by another tenant is not found (default: every collection)")
       .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
   ).action((query: string, flags) => search(query, flags));
+  common(
+    kb
+      .command("create <collection>")
+      .description("create a collection with its settings, or take the existing one if its settings are these (others are refused, naming them)")
+      .option("--chunk-tokens <n>", "tokens per chunk (default 512)", intOption("--chunk-tokens", 8, 65536))
+      .option("--overlap <n>", "tokens shared by consecutive chunks, at most (default 64)", intOption("--overlap", 0, 65535))
+      .option("--min-tail <n>", "a last piece with fewer new tokens joins the chunk before it (default: a quarter of a chunk)", intOption("--min-tail", 0, 65536))
+      .option("--chunk-strategy <s>", "sentence or tokens (default sentence)", choiceOption("--chunk-strategy", CHUNK_STRATEGIES))
+      .option("--owner-user <id>", "only this user's searches and RAG turns see it")
+      .option("--owner-prefix <prefix>", "only users whose id starts with this prefix see it")
+      .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
+  ).action((name: string, flags) => create(name, flags));
+  common(
+    kb
+      .command("delete")
+      .description("remove every document (and its chunks) whose metadata matches a filter, e.g. one session's history")
+      .requiredOption("-c, --collection <name>", "collection")
+      .requiredOption("--filter <json>", 'metadata filter: {"eq": {"sessionId": "s1"}}, {"in": {...}}, {"and": [...]}, {"or": [...]}')
+      .option("--format <format>", "text or json", choiceOption("--format", ["text", "json"] as const), "text"),
+  ).action((flags) => deleteWhere(flags));
   common(
     kb
       .command("list")

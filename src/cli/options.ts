@@ -2,6 +2,8 @@
 import { randomBytes } from "node:crypto";
 import { InvalidArgumentError } from "commander";
 import { OnnxEmbedder } from "../memory/embedders/onnx.js";
+import { HashingEmbedder } from "../memory/embedders/hashing.js";
+import { HttpEmbedder, firstWorkingEmbedder, type EmbedderCandidate } from "../memory/embedders/http.js";
 import type { Embedder } from "../memory/types.js";
 
 // Digits only: Number() would take "" as 0, "0x5" as 5 and "1e3" as 1000.
@@ -92,11 +94,32 @@ export function jsonObjectOption(name: string, text: string): Record<string, unk
 }
 
 /** Help for --embedder, shared by every command that opens a memory store or knowledge base. */
-export const EMBEDDER_HELP = "the ONNX sentence-embedding model folder the data was embedded with (default: the offline hashing embedder)";
+export const EMBEDDER_HELP =
+  "the embedder the data was embedded with: an ONNX sentence-embedding model folder, http(s)://HOST/v1#MODEL (an OpenAI-compatible /embeddings API; key from DKI_EMBEDDER_API_KEY) or hashing; a comma-separated list takes the first that works (default: the offline hashing embedder)";
 
-/** --embedder's model, loaded; undefined (the default embedder) when the option is absent. */
-export async function embedderOption(dir: string | undefined): Promise<Embedder | undefined> {
-  return dir === undefined ? undefined : OnnxEmbedder.load(dir);
+/** One --embedder item as a candidate: "hashing", an http(s) URL with #model, else an ONNX folder. */
+function embedderCandidate(spec: string): EmbedderCandidate {
+  if (spec === "hashing") return { name: spec, open: async () => new HashingEmbedder() };
+  if (/^https?:\/\//i.test(spec)) {
+    const hash = spec.lastIndexOf("#");
+    if (hash < 0 || hash === spec.length - 1) throw new Error(`--embedder ${spec}: name the model after a #, e.g. http://127.0.0.1:11434/v1#nomic-embed-text`);
+    return { name: spec, open: () => HttpEmbedder.connect({ url: spec.slice(0, hash), model: spec.slice(hash + 1), apiKey: process.env.DKI_EMBEDDER_API_KEY }) };
+  }
+  return { name: spec, open: () => OnnxEmbedder.load(spec) };
+}
+
+/**
+ * --embedder's embedder, opened; undefined (the default embedder) when the option is absent. A
+ * list is resolved once, here: the first that works, said on stderr with why the others were not.
+ */
+export async function embedderOption(spec: string | undefined): Promise<Embedder | undefined> {
+  if (spec === undefined) return undefined;
+  const items = spec.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  if (items.length === 0) throw new Error("--embedder is empty");
+  if (items.length === 1) return embedderCandidate(items[0]).open();
+  const r = await firstWorkingEmbedder(items.map(embedderCandidate));
+  if (r.skipped.length > 0) process.stderr.write(`dki: embedder ${r.name} (${r.embedder.id}); skipped ${r.skipped.map((s) => `${s.name}: ${s.reason}`).join("; ")}\n`);
+  return r.embedder;
 }
 
 // The engine's thread pool takes 0 (the default) to native().limits.threads (1024); written out here

@@ -80,7 +80,8 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder, mustExist: true });
   let system: RAGSystem | null = null;
   try {
-    if (kb !== null && flags.collection !== undefined) kb.getCollection(flags.collection);
+    // As the turns will search it: as --user (another tenant's collection is not found).
+    if (kb !== null && flags.collection !== undefined) kb.forUser(flags.user).getCollection(flags.collection);
     system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout } });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({

@@ -16,6 +16,9 @@ export interface SamplingOptions {
   seed?: number;
 }
 
+/** Answer tokens when a call gives no maxNewTokens. */
+export const DEFAULT_MAX_NEW_TOKENS = 128;
+
 export interface GenerateOptions {
   maxNewTokens?: number;
   sampling?: SamplingOptions;
@@ -155,7 +158,7 @@ export async function runGeneration(
   segmentTokens: number,
   signal: AbortSignal | undefined = opts.signal,
 ): Promise<GenerateResult> {
-  const maxNew = opts.maxNewTokens ?? 128;
+  const maxNew = opts.maxNewTokens ?? DEFAULT_MAX_NEW_TOKENS;
   if (!Number.isInteger(maxNew) || maxNew < 0) throw new DkiArgumentError(`maxNewTokens must be a non-negative integer, got ${maxNew}`);
   const stops = opts.stop ?? [];
   // An empty stop string would match before any text: refused rather than silently dropped.

@@ -30,9 +30,10 @@ import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
-import type { KnowledgeBase } from "./kb/knowledge-base.js";
 import type { KbSearchOptions, KbSearchResult } from "./kb/search.js";
 import { Model, type LoadOptions } from "../engine/model.js";
+import type { KbRetriever } from "./kb/tenancy.js";
+import { KnowledgeBase } from "./kb/knowledge-base.js";
 import { ModelStepBackend, StepRunner, type StepBackend, type StepRecord } from "./pipeline/steps.js";
 import { checkQueryTransform, type QueryTransformOptions } from "./pipeline/query-transform.js";
 import { retrieveTransformed, type RetrievalHop } from "./pipeline/transformed-retrieval.js";
@@ -56,9 +57,15 @@ export interface RAGConfig {
   truncateFirstContext: boolean;
   /** Self-RAG's rounds and thresholds for every turn that asks for Self-RAG (a turn's own selfRag object overrides them key by key). */
   selfRag: Partial<SelfRagConfig>;
+  /**
+   * false: retrieval is off: turns search neither memories nor the knowledge base (a collection
+   * asked for is named in metadata.warnings), and answer from the history and the query alone.
+   * Default true.
+   */
+  enabled: boolean;
 }
 
-export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false, selfRag: Object.freeze({}) });
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false, selfRag: Object.freeze({}), enabled: true });
 
 /** What a turn answers, without generating, when its search found nothing (emptyRetrieval "answer"). */
 export const NO_RELEVANT_INFORMATION = "I found no relevant information to answer this question.";
@@ -68,8 +75,12 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   /** The shared settings: maxMemories, memoryMaxTokens, systemPrompt, historyMaxMessages, generationReserve, chatTemplate (the same DKIConfig as DKISystem's). */
   config?: DKIConfigInput;
   rag?: Partial<RAGConfig>;
-  /** A knowledge base for `collection` turns (the caller keeps owning it). */
-  knowledgeBase?: KnowledgeBase;
+  /**
+   * What `collection` turns retrieve from (the caller keeps owning it): a KnowledgeBase, or any
+   * KbRetriever (InMemoryRetriever for tests). It is asked as the turn's user, so a collection
+   * owned by another tenant is not found.
+   */
+  knowledgeBase?: KbRetriever;
   /** K/V cache folder for kbMode "kv" (default: DKISystem's, beside the store's folder; opened on the first kv turn). */
   cacheDir?: string;
   /** The LLM steps of the query pipeline (rewrite, decompose, step-back, …). */
@@ -294,7 +305,7 @@ export class RAGSystem {
     readonly store: MemoryStoreApi,
     readonly config: DKIConfig,
     readonly rag: RAGConfig,
-    readonly knowledgeBase: KnowledgeBase | null,
+    readonly knowledgeBase: KbRetriever | null,
     private readonly cacheDir: string,
     private readonly budgets: CacheBudgets,
     private readonly steps: ResolvedSteps,
@@ -425,7 +436,8 @@ export class RAGSystem {
   private async adaptiveTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
     // One step runner per turn: every LLM step of the turn is recorded in order.
     const steps = this.stepRunner(opts.userId, opts.signal);
-    if (opts.adaptive !== true) return this.answerTurn(query, opts, sessionWaitMs, steps, null);
+    // With retrieval off (rag.enabled false) there is no strategy to choose.
+    if (opts.adaptive !== true || !this.rag.enabled) return this.answerTurn(query, opts, sessionWaitMs, steps, null);
     const queryClass = await classifyQuery(steps, query);
     const strategy = this.strategies[queryClass];
     try {
@@ -441,13 +453,17 @@ export class RAGSystem {
   private async answerTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number, steps: StepRunner, adaptive: AdaptiveChoice | null): Promise<RAGResponse> {
     // From the call: the wait behind the session's earlier turns counts, as in DKISystem.
     const t0 = performance.now() - sessionWaitMs;
-    const kbMode: KbMode | null = opts.collection === undefined ? null : (opts.kbMode ?? "text");
     if (opts.collection !== undefined && this.knowledgeBase === null) throw new DkiArgumentError("this RAGSystem has no knowledge base: open it with knowledgeBase to search a collection");
+    // Retrieval switched off: no search of any kind, and the turn says what it did not search.
+    const retrieval = this.rag.enabled;
+    const collection = retrieval ? opts.collection : undefined;
+    const offWarnings = !retrieval && opts.collection !== undefined ? [`retrieval is disabled (rag.enabled false): collection ${JSON.stringify(opts.collection)} not searched`] : [];
+    const kbMode: KbMode | null = collection === undefined ? null : (opts.kbMode ?? "text");
     const lat = emptyLatency();
 
     // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
     let t = performance.now();
-    const routed: SearchResult[] = opts.useMemories === false ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
+    const routed: SearchResult[] = opts.useMemories === false || !retrieval ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
     // The same history switch and length as DKI's config (the budget then decides what fits).
     // Read before the knowledge-base search: a history-aware rewrite needs it.
     const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
@@ -499,17 +515,20 @@ export class RAGSystem {
     let kbQueries: string[] = [];
     let pipeline: PipelineTrace | null = null;
     let gen: Awaited<ReturnType<typeof generateFrom>> | null = null;
-    if (opts.collection !== undefined && this.knowledgeBase !== null && adaptive?.strategy !== "direct") {
+    if (collection !== undefined && this.knowledgeBase !== null && adaptive?.strategy !== "direct") {
       const kbase = this.knowledgeBase;
       const limit = opts.kbTopK ?? this.rag.kbTopK;
       // A rerank needs more candidates than the prompt keeps: it decides which of them make it.
       const depth = opts.rerank === undefined ? limit : (opts.rerankDepth ?? Math.min(100, Math.max(20, 4 * limit)));
-      const so: KbSearchOptions = { collection: opts.collection, limit: depth, filter: opts.kbFilter, minScore: opts.kbMinScore };
+      const so: KbSearchOptions = { collection, limit: depth, filter: opts.kbFilter, minScore: opts.kbMinScore };
       if (opts.kbMultiQuery !== undefined || opts.kbHyde) {
         so.expand = { multiQuery: opts.kbMultiQuery, hyde: opts.kbHyde, generate: (prompt, maxNewTokens) => this.expansion(opts.userId, prompt, maxNewTokens, opts.signal) };
       }
+      // The lexical rerank's cosine: the knowledge base's embedder, or the store's for another retriever.
+      const rerankEmbedder = kbase instanceof KnowledgeBase ? kbase.embedder : this.store.embedder;
       const search = async (q: string): Promise<KbSearchResult[]> => {
-        const found = await kbase.searchDetailed(q, so);
+        // As the turn's user: another tenant's collection is not found.
+        const found = await kbase.retrieve(q, { ...so, userId: opts.userId });
         kbQueries.push(...found.queries);
         return found.results;
       };
@@ -520,7 +539,7 @@ export class RAGSystem {
         let results = r.results;
         let reranked: Reranked | null = null;
         if (opts.rerank !== undefined) {
-          const rr = await rerank(opts.rerank, r.query, results.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: kbase.embedder, steps });
+          const rr = await rerank(opts.rerank, r.query, results.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: rerankEmbedder, steps });
           results = rr.ranked.slice(0, limit).map((c) => c.result);
           reranked = rr.trace;
         }
@@ -564,7 +583,7 @@ export class RAGSystem {
     lat.routingMs = performance.now() - t - lat.promptMs;
 
     // Nothing found and nothing remembered: the fixed answer, instead of the model without context.
-    const searched = opts.collection !== undefined && adaptive?.strategy !== "direct";
+    const searched = collection !== undefined && adaptive?.strategy !== "direct";
     // Not after Self-RAG: its own decisions (no retrieval needed, the best round) stand.
     const noContext = gen === null && searched && kb.length === 0 && kept.length === 0 && opts.emptyRetrieval === "answer";
     if (noContext) {
@@ -605,7 +624,7 @@ export class RAGSystem {
         sessionId: opts.sessionId,
         layout,
         kbMode,
-        collection: opts.collection ?? null,
+        collection: collection ?? null,
         contextTokens,
         injectedTokens,
         contextsUsed: built.contextsUsed,
@@ -614,7 +633,7 @@ export class RAGSystem {
         historyTotal: built.historyTotal,
         forcedFallback: built.forcedFallback,
         memoriesLeftOut: leftOut,
-        warnings: built.warnings,
+        warnings: [...offWarnings, ...built.warnings],
         log: built.log,
         kbQueries,
         pipeline,
@@ -637,7 +656,7 @@ export class RAGSystem {
         mode: "rag",
         layout,
         kbMode,
-        collection: opts.collection ?? null,
+        collection: collection ?? null,
         chunkIds: chunkSources.map((s) => s.chunkId),
         inputTokens: response.inputTokens,
         outputTokens: response.outputTokens,
@@ -729,6 +748,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
   if (!Number.isInteger(c.kbTopK) || c.kbTopK < 1 || c.kbTopK > 100) throw new DkiArgumentError(`rag.kbTopK must be an integer from 1 to 100, got ${String(c.kbTopK)}`);
   if (typeof c.truncateFirstContext !== "boolean") throw new DkiArgumentError(`rag.truncateFirstContext must be a boolean, got ${JSON.stringify(c.truncateFirstContext)}`);
   resolveSelfRag(c.selfRag);
+  if (typeof c.enabled !== "boolean") throw new DkiArgumentError(`rag.enabled must be true or false, got ${JSON.stringify(c.enabled)}`);
   return c;
 }
 

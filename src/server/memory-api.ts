@@ -199,6 +199,6 @@ export function registerMemoryRoutes(app: FastifyInstance, ctx: ServerContext): 
   app.delete<{ Params: { id: string } }>("/v1/users/:id", { schema: { params: idParams } }, async (request) => {
     const userId = ctx.dataUser(request, request.params.id, "id");
     const erased = await ctx.systems().eraseUser(userId);
-    return { message: "User deleted successfully!", user_id: userId, erased: { memories: erased.memories, preferences: erased.preferences, turns: erased.turns, audit_entries: erased.auditEntries, kv_cache_cleared: erased.cacheCleared } };
+    return { message: "User deleted successfully!", user_id: userId, erased: { memories: erased.memories, preferences: erased.preferences, turns: erased.turns, audit_entries: erased.auditEntries, kv_cache_cleared: erased.cacheCleared, kb_collections: erased.collections } };
   });
 }

@@ -123,6 +123,38 @@ export interface MemoryInfo {
   alpha: number | null;
   /** The cache tier its K/V came from (L1–L3, L4: computed now), or "prompt" (rag). */
   tier: string;
+  /** The store's fused score (routing order). */
+  score: number;
+  /** Its tokens (as K/V, or as its context line in the prompt in rag). */
+  tokens: number;
+}
+
+/** One K/V block a "dki" turn injected: where it came from and at what α. */
+export interface TierInfo {
+  kind: "preferences" | "memory";
+  /** The memory's id (a joint block's ids joined by "+"); null for preferences. */
+  id: string | null;
+  tier: string;
+  load_ms: number;
+  tokens: number;
+  alpha: number;
+}
+
+/** Every stage of a turn, in milliseconds (the engine's LatencyBreakdown), and the server's own time to the first token. */
+export interface LatencyInfo {
+  ttft_ms: number;
+  total_ms: number;
+  queue_ms: number;
+  routing_ms: number;
+  prompt_ms: number;
+  gating_ms: number;
+  entropy_probe_ms: number;
+  kv_load_ms: { L1: number; L2: number; L3: number };
+  kv_compute_ms: number;
+  prefill_ms: number;
+  decode_ms: number;
+  record_ms: number;
+  server_ttft_ms: number;
 }
 
 /** What DKI adds to a chat completion (and its last SSE chunk). */
@@ -135,13 +167,24 @@ export interface DkiInfo {
   /** Knowledge-base chunks in the prompt (rag with dki.collection), numbered as the prompt numbers them. */
   chunks: { marker: number; chunk_id: string; doc_id: string; collection: string; heading_path: string[] }[];
   preferences_injected: boolean;
-  gate: { inject: boolean; alpha: number; relevance: number; reason: string; forced: boolean } | null;
+  /** entropy: Ĥ of the query, null when the gate did not need it. */
+  gate: { inject: boolean; alpha: number; relevance: number; reason: string; forced: boolean; entropy: number | null } | null;
+  /** The K/V blocks injected, with the tier each came from ("dki"; empty otherwise). */
+  tiers: TierInfo[];
+  /** Every injected block came from L1–L3 (false when none was injected). */
+  cache_hit: boolean;
   /** Memory tokens injected as K/V (not in the prompt), and those that went into the prompt as text. */
   memory_tokens_kv: number;
   memory_tokens_prompt: number;
+  /** Preference tokens injected as K/V; of the prompt, the session history's tokens (null: not counted, rag) and the retrieved context's (rag). */
+  preference_tokens: number;
+  history_tokens: number | null;
+  context_tokens: number;
+  /** The engine's own reason (eos, stop, length, context, aborted); the choice's finish_reason is OpenAI's. */
+  finish_reason: FinishReason;
   /** The token and attention budgets of RAG and DKI for this turn (snake_case BudgetAnalysis). */
   budget: unknown;
-  latency: { ttft_ms: number; total_ms: number; queue_ms: number; routing_ms: number; prefill_ms: number; decode_ms: number; server_ttft_ms: number };
+  latency: LatencyInfo;
 }
 
 interface TurnOut {
@@ -191,7 +234,21 @@ function turnInput(messages: ChatBody["messages"]): { query: string; systemPromp
 
 function dkiInfoOf(mode: Mode, user: string, session: string, r: DKIResponse | RAGResponse, serverTtftMs: number): DkiInfo {
   const lat = r.latency;
-  const latency = { ttft_ms: lat.ttftMs, total_ms: lat.totalMs, queue_ms: lat.queueMs, routing_ms: lat.routingMs, prefill_ms: lat.prefillMs, decode_ms: lat.decodeMs, server_ttft_ms: serverTtftMs };
+  const latency: LatencyInfo = {
+    ttft_ms: lat.ttftMs,
+    total_ms: lat.totalMs,
+    queue_ms: lat.queueMs,
+    routing_ms: lat.routingMs,
+    prompt_ms: lat.promptMs,
+    gating_ms: lat.gatingMs,
+    entropy_probe_ms: lat.entropyProbeMs,
+    kv_load_ms: { ...lat.kvLoadMs },
+    kv_compute_ms: lat.kvComputeMs,
+    prefill_ms: lat.prefillMs,
+    decode_ms: lat.decodeMs,
+    record_ms: lat.recordMs,
+    server_ttft_ms: serverTtftMs,
+  };
   if ("gating" in r) {
     const tiers = r.cache.tiers;
     return {
@@ -200,14 +257,20 @@ function dkiInfoOf(mode: Mode, user: string, session: string, r: DKIResponse | R
       session,
       memories: r.memoriesUsed.map((m) => {
         const t = tiers.find((b) => b.kind === "memory" && b.id !== undefined && b.id.split("+").includes(m.id));
-        return { id: m.id, text: m.text, relevance: m.relevance, alpha: t?.alpha ?? r.gating.alpha, tier: t?.tier ?? "L4" };
+        return { id: m.id, text: m.text, relevance: m.relevance, alpha: t?.alpha ?? r.gating.alpha, tier: t?.tier ?? "L4", score: m.score, tokens: m.tokens };
       }),
       memories_left_out: r.metadata.memoriesLeftOut,
       chunks: [],
       preferences_injected: r.metadata.hybridInjection.enabled,
-      gate: { inject: r.gating.inject, alpha: r.gating.alpha, relevance: r.gating.relevance, reason: r.gating.reason, forced: r.gating.forced },
+      gate: { inject: r.gating.inject, alpha: r.gating.alpha, relevance: r.gating.relevance, reason: r.gating.reason, forced: r.gating.forced, entropy: r.gating.entropy },
+      tiers: tiers.map((b) => ({ kind: b.kind, id: b.id ?? null, tier: b.tier, load_ms: b.loadMs, tokens: b.tokens, alpha: b.alpha })),
+      cache_hit: r.cache.hit,
       memory_tokens_kv: tiers.reduce((n, b) => n + b.tokens, 0),
       memory_tokens_prompt: 0,
+      preference_tokens: r.metadata.hybridInjection.preferenceTokens,
+      history_tokens: r.metadata.hybridInjection.historyTokens,
+      context_tokens: 0,
+      finish_reason: r.finishReason,
       budget: snakeKeys(r.budget),
       latency,
     };
@@ -216,13 +279,19 @@ function dkiInfoOf(mode: Mode, user: string, session: string, r: DKIResponse | R
     mode,
     user,
     session,
-    memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, relevance: m.relevance, alpha: null, tier: "prompt" })),
+    memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, relevance: m.relevance, alpha: null, tier: "prompt", score: m.score, tokens: m.tokens })),
     memories_left_out: r.metadata.memoriesLeftOut,
     chunks: r.sources.flatMap((x, i) => (x.kind === "chunk" ? [{ marker: i + 1, chunk_id: x.chunkId, doc_id: x.docId, collection: x.collection, heading_path: x.headingPath }] : [])),
     preferences_injected: false,
     gate: null,
+    tiers: [],
+    cache_hit: false,
     memory_tokens_kv: 0,
     memory_tokens_prompt: r.memoriesUsed.reduce((n, m) => n + m.tokens, 0),
+    preference_tokens: 0,
+    history_tokens: null,
+    context_tokens: r.metadata.contextTokens,
+    finish_reason: r.finishReason,
     budget: snakeKeys(r.budget),
     latency,
   };
@@ -358,7 +427,8 @@ export function registerOpenAIRoutes(app: FastifyInstance, ctx: ServerContext): 
     const mode: Mode = b.dki?.mode ?? "dki";
     for (const k of ["alpha", "tau"] as const) if (b.dki?.[k] !== undefined && mode !== "dki") throw badRequest(`dki.${k} applies to mode "dki" only (this request's mode is "${mode}")`, `dki.${k}`);
     if (b.dki?.collection !== undefined && mode !== "rag") throw badRequest(`dki.collection is searched by the RAG baseline: give dki.mode "rag" with it (this request's mode is "${mode}")`, "dki.collection");
-    if (b.dki?.collection !== undefined && !s.kb.listCollections().some((c) => c.name === b.dki?.collection)) throw new ApiError(404, "not_found_error", `collection ${JSON.stringify(b.dki.collection)} not found`, "dki.collection", "not_found");
+    // The turn's user's view: another tenant's collection is as missing as one that does not exist.
+    if (b.dki?.collection !== undefined && !s.kb.forUser(user).hasCollection(b.dki.collection)) throw new ApiError(404, "not_found_error", `collection ${JSON.stringify(b.dki.collection)} not found`, "dki.collection", "not_found");
     if (b.dki?.tau !== undefined && b.dki.alpha !== undefined) throw badRequest("dki.tau is the gate's threshold: it does nothing with dki.alpha, which bypasses the gate", "dki.tau");
     const maxNewTokens = maxTokensOf(b, b.max_completion_tokens !== undefined ? "max_completion_tokens" : "max_tokens");
     const session = b.dki?.session ?? `api-${randomUUID()}`;

@@ -69,9 +69,11 @@ export class ServerSystems {
     }
   }
 
-  /** A user's every record, index file and cached K/V block, in every tier (audited by the store). */
-  eraseUser(userId: string): Promise<EraseResult> {
-    return this.store.eraseUser(userId, { cache: this.dki.cache });
+  /** A user's every record, index file and cached K/V block, in every tier (audited by the store), and the knowledge-base collections the user owns alone. */
+  async eraseUser(userId: string): Promise<EraseResult & { collections: string[] }> {
+    const erased = await this.store.eraseUser(userId, { cache: this.dki.cache });
+    // The knowledge-base collections the user owns alone are the user's data too.
+    return { ...erased, collections: await this.kb.removeCollectionsOwnedBy(userId) };
   }
 
   /** Waits for the turns in flight, then closes both systems, the store and the model. */

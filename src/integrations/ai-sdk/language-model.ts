@@ -1,11 +1,22 @@
 // The AI SDK's language model (specification v3) over one of the provider's systems. Each call is
 // one turn: the answer, its usage and the turn's `dki` details in providerMetadata.
-import type { LanguageModelV3, LanguageModelV3CallOptions, LanguageModelV3GenerateResult, LanguageModelV3StreamPart, LanguageModelV3StreamResult } from "@ai-sdk/provider";
+import type { LanguageModelV3, LanguageModelV3CallOptions, LanguageModelV3GenerateResult, LanguageModelV3StreamPart, LanguageModelV3StreamResult, SharedV3Warning } from "@ai-sdk/provider";
 import { eitherSignal } from "../../util/either-signal.js";
-import { readCall, type DkiModelId } from "./call.js";
-import { priorWarnings, runTurn, type DkiSystems } from "./turn.js";
+import { readCall, type DkiCall, type DkiModelId } from "./call.js";
+import type { TurnOutcome } from "./turn.js";
 
 export const PROVIDER_NAME = "dki";
+
+/**
+ * Where a provider's turns run: an in-process DKISystem, or a `dki serve` over HTTP. The language
+ * model is the same over either, so the SDK sees the same calls, parts and results.
+ */
+export interface DkiTurns {
+  /** Warnings about the call that only the backend can tell (earlier messages the model will not see, settings it lacks). */
+  warnings(call: DkiCall, signal: AbortSignal | undefined): Promise<SharedV3Warning[]>;
+  /** Runs the call's turn; `onText` sees the answer as it streams. Rejects once `signal` is aborted, having recorded nothing. */
+  run(call: DkiCall, signal: AbortSignal | undefined, onText?: (text: string) => void): Promise<TurnOutcome>;
+}
 
 export class DkiLanguageModel implements LanguageModelV3 {
   readonly specificationVersion = "v3";
@@ -15,16 +26,15 @@ export class DkiLanguageModel implements LanguageModelV3 {
 
   constructor(
     readonly modelId: DkiModelId,
-    private readonly systems: () => Promise<DkiSystems>,
+    private readonly turns: DkiTurns,
   ) {}
 
   async doGenerate(o: LanguageModelV3CallOptions): Promise<LanguageModelV3GenerateResult> {
     const call = readCall(this.modelId, o);
     o.abortSignal?.throwIfAborted();
-    const systems = await this.systems();
-    const warnings = [...call.warnings, ...(await priorWarnings(systems.dki.store, call))];
+    const warnings = [...call.warnings, ...(await this.turns.warnings(call, o.abortSignal))];
     const timestamp = new Date();
-    const r = await runTurn(systems, call, o.abortSignal);
+    const r = await this.turns.run(call, o.abortSignal);
     return {
       content: [{ type: "text", text: r.text }],
       finishReason: r.finishReason,
@@ -45,8 +55,8 @@ export class DkiLanguageModel implements LanguageModelV3 {
   async doStream(o: LanguageModelV3CallOptions): Promise<LanguageModelV3StreamResult> {
     const call = readCall(this.modelId, o);
     o.abortSignal?.throwIfAborted();
-    const systems = await this.systems();
-    const warnings = [...call.warnings, ...(await priorWarnings(systems.dki.store, call))];
+    const turns = this.turns;
+    const warnings = [...call.warnings, ...(await turns.warnings(call, o.abortSignal))];
     const cancel = new AbortController();
     const { signal, release } = eitherSignal(o.abortSignal === undefined ? [cancel.signal] : [o.abortSignal, cancel.signal]);
     const textId = "0";
@@ -63,7 +73,7 @@ export class DkiLanguageModel implements LanguageModelV3 {
           controller.enqueue({ type: "text-delta", id: textId, delta });
         };
         // Not awaited by start(): the stream is handed to the SDK at once and fills as tokens come.
-        void runTurn(systems, call, signal, onText).then(
+        void turns.run(call, signal, onText).then(
           (r) => {
             release();
             if (!started) controller.enqueue({ type: "text-start", id: textId });

@@ -1,7 +1,9 @@
-// createDki: an AI SDK provider over an in-process DKISystem. The provider is made at once, as
-// the SDK's providers are; the model, the memory store and the K/V cache are opened by the first
-// call that needs them and kept until close(). "rag" runs RAGSystem on the same model and the
-// same store (borrowed, so that one process never holds two handles on one store).
+// createDki: an AI SDK provider over an in-process DKISystem, or over a `dki serve` URL. The
+// provider is made at once, as the SDK's providers are. In process, the model, the memory store and
+// the K/V cache are opened by the first call that needs them and kept until close(); "rag" runs
+// RAGSystem on the same model and the same store (borrowed, so that one process never holds two
+// handles on one store). Over a URL each call is a request to the server's OpenAI routes, and the
+// models answer with the same results, so an application switches by configuration alone.
 import { NoSuchModelError, type ProviderV3 } from "@ai-sdk/provider";
 import { Model } from "../../engine/model.js";
 import { DkiArgumentError } from "../../errors.js";
@@ -10,16 +12,18 @@ import type { SystemOpenOptions } from "../../dki/open.js";
 import type { MemoryStoreApi } from "../../memory/types.js";
 import { RAGSystem, type RAGConfig } from "../../rag/rag-system.js";
 import { DKI_MODEL_IDS, type DkiModelId } from "./call.js";
-import { DkiEmbeddingModel, STORE_EMBEDDER_ID } from "./embedding-model.js";
-import { DkiLanguageModel } from "./language-model.js";
-import type { DkiSystems } from "./turn.js";
+import { DkiEmbeddingModel, embedderTexts, STORE_EMBEDDER_ID, type EmbedTexts } from "./embedding-model.js";
+import { DkiLanguageModel, type DkiTurns } from "./language-model.js";
+import { DkiServerClient, serverEmbeddings, serverTurns, type DkiServerSettings } from "./remote.js";
+import { priorWarnings, runTurn, type DkiSystems } from "./turn.js";
 
 export interface DkiProviderSettings extends Omit<SystemOpenOptions, "openStore"> {
   /** Settings of the "rag" model's RAGSystem (its config is `config`, shared with DKI). */
   rag?: Partial<RAGConfig>;
 }
 
-export interface DkiProvider extends ProviderV3 {
+/** The models of a provider, in process or over a URL. */
+export interface DkiModels extends ProviderV3 {
   /** The language model: "dki" (memory as K/V), "rag" (memory as prompt text) or "none" (no memory). */
   (modelId: DkiModelId): DkiLanguageModel;
   languageModel(modelId: DkiModelId): DkiLanguageModel;
@@ -27,10 +31,19 @@ export interface DkiProvider extends ProviderV3 {
   embeddingModel(modelId?: string): DkiEmbeddingModel;
   textEmbeddingModel(modelId?: string): DkiEmbeddingModel;
   imageModel(modelId: string): never;
+  /** In process: waits for the turns in flight, then closes the systems, the store, the cache and a model loaded from a path. Over a URL: nothing to close. Later calls are refused either way. */
+  close(): Promise<void>;
+}
+
+/** The provider over an in-process DKISystem. */
+export interface DkiProvider extends DkiModels {
   /** The DKISystem the models run on (opened now if no call has opened it yet): its memories, preferences, stats. */
   system(): Promise<DKISystem>;
-  /** Waits for the turns in flight, then closes the systems, the store, the cache and a model loaded from a path. Later calls are refused. */
-  close(): Promise<void>;
+}
+
+/** The provider over a `dki serve` URL (memories, sessions and users are the server's REST API's). */
+export interface DkiServerProvider extends DkiModels {
+  readonly url: string;
 }
 
 interface Opened {
@@ -40,8 +53,71 @@ interface Opened {
   rag: Promise<RAGSystem> | null;
 }
 
-export function createDki(settings: DkiProviderSettings): DkiProvider {
-  if (settings === null || typeof settings !== "object") throw new DkiArgumentError("createDki needs { model, dataDir }");
+/** The models over a backend: the ids checked, the language and embedding models made on it. */
+function models(turns: DkiTurns, embed: EmbedTexts, isClosed: () => boolean): ((modelId: DkiModelId) => DkiLanguageModel) & Omit<DkiModels, "close"> {
+  const closedError = () => new DkiArgumentError("this DKI provider has been closed");
+  // Refused at the call, not at the model's making: the SDK makes models up front.
+  const open: DkiTurns = {
+    warnings: (call, signal) => (isClosed() ? Promise.reject(closedError()) : turns.warnings(call, signal)),
+    run: (call, signal, onText) => (isClosed() ? Promise.reject(closedError()) : turns.run(call, signal, onText)),
+  };
+  const openEmbed: EmbedTexts = (values, signal) => (isClosed() ? Promise.reject(closedError()) : embed(values, signal));
+  const languageModel = (modelId: DkiModelId): DkiLanguageModel => {
+    if (!(DKI_MODEL_IDS as readonly unknown[]).includes(modelId)) {
+      throw new NoSuchModelError({ modelId: String(modelId), modelType: "languageModel", message: `no DKI language model ${JSON.stringify(modelId)}: use ${DKI_MODEL_IDS.map((m) => JSON.stringify(m)).join(", ")}` });
+    }
+    return new DkiLanguageModel(modelId, open);
+  };
+  const embeddingModel = (modelId: string = STORE_EMBEDDER_ID): DkiEmbeddingModel => {
+    if (modelId !== STORE_EMBEDDER_ID) {
+      throw new NoSuchModelError({ modelId: String(modelId), modelType: "embeddingModel", message: `no DKI embedding model ${JSON.stringify(modelId)}: the provider embeds with its memory store's embedder, "${STORE_EMBEDDER_ID}"` });
+    }
+    return new DkiEmbeddingModel(openEmbed);
+  };
+  const provider = (modelId: DkiModelId) => languageModel(modelId);
+  return Object.assign(provider, {
+    specificationVersion: "v3" as const,
+    languageModel,
+    embeddingModel,
+    textEmbeddingModel: embeddingModel,
+    imageModel: (modelId: string): never => {
+      throw new NoSuchModelError({ modelId, modelType: "imageModel", message: "the DKI provider has no image models" });
+    },
+  });
+}
+
+/** A provider over a `dki serve` at `settings.url`, or over an in-process DKISystem on `settings.model` and `settings.dataDir`. */
+export function createDki(settings: DkiServerSettings): DkiServerProvider;
+export function createDki(settings: DkiProviderSettings): DkiProvider;
+export function createDki(settings: DkiProviderSettings | DkiServerSettings): DkiModels;
+export function createDki(settings: DkiProviderSettings | DkiServerSettings): DkiProvider | DkiServerProvider {
+  if (settings === null || typeof settings !== "object") throw new DkiArgumentError("createDki needs { model, dataDir } (in process) or { url } (a dki serve)");
+  if ("url" in settings) {
+    if ("model" in settings || "dataDir" in settings) throw new DkiArgumentError("createDki: give either { url } (a dki serve, which has its own model and store) or { model, dataDir }, not both");
+    return createServerProvider(settings);
+  }
+  return createLocalProvider(settings);
+}
+
+function createServerProvider(settings: DkiServerSettings): DkiServerProvider {
+  if (typeof settings.url !== "string" || settings.url === "") throw new DkiArgumentError("createDki: url must be the dki serve's base URL, e.g. \"http://127.0.0.1:8080\"");
+  if (settings.apiKey !== undefined && (typeof settings.apiKey !== "string" || settings.apiKey === "")) throw new DkiArgumentError("createDki: apiKey must be a non-empty string (a key of the server's --api-key-file)");
+  let client: DkiServerClient;
+  try {
+    client = new DkiServerClient(settings);
+  } catch (e) {
+    throw new DkiArgumentError((e as Error).message);
+  }
+  let closed = false;
+  return Object.assign(models(serverTurns(client), serverEmbeddings(client), () => closed), {
+    url: client.baseUrl,
+    close: async () => {
+      closed = true;
+    },
+  });
+}
+
+function createLocalProvider(settings: DkiProviderSettings): DkiProvider {
   if (typeof settings.dataDir !== "string" || settings.dataDir === "") throw new DkiArgumentError("createDki: dataDir must be the memory store's folder");
   if (!(settings.model instanceof Model) && (typeof settings.model !== "string" || settings.model === "")) throw new DkiArgumentError("createDki: model must be a loaded Model or a model path");
 
@@ -82,28 +158,11 @@ export function createDki(settings: DkiProviderSettings): DkiProvider {
     };
   };
 
-  const languageModel = (modelId: DkiModelId): DkiLanguageModel => {
-    if (!(DKI_MODEL_IDS as readonly unknown[]).includes(modelId)) {
-      throw new NoSuchModelError({ modelId: String(modelId), modelType: "languageModel", message: `no DKI language model ${JSON.stringify(modelId)}: use ${DKI_MODEL_IDS.map((m) => JSON.stringify(m)).join(", ")}` });
-    }
-    return new DkiLanguageModel(modelId, systems);
+  const turns: DkiTurns = {
+    warnings: async (call) => priorWarnings((await systems()).dki.store, call),
+    run: async (call, signal, onText) => runTurn(await systems(), call, signal, onText),
   };
-  const embeddingModel = (modelId: string = STORE_EMBEDDER_ID): DkiEmbeddingModel => {
-    if (modelId !== STORE_EMBEDDER_ID) {
-      throw new NoSuchModelError({ modelId: String(modelId), modelType: "embeddingModel", message: `no DKI embedding model ${JSON.stringify(modelId)}: the provider embeds with its memory store's embedder, "${STORE_EMBEDDER_ID}"` });
-    }
-    return new DkiEmbeddingModel(async () => (await opened()).dki.store.embedder);
-  };
-
-  const provider = (modelId: DkiModelId) => languageModel(modelId);
-  return Object.assign(provider, {
-    specificationVersion: "v3" as const,
-    languageModel,
-    embeddingModel,
-    textEmbeddingModel: embeddingModel,
-    imageModel: (modelId: string): never => {
-      throw new NoSuchModelError({ modelId, modelType: "imageModel", message: "the DKI provider has no image models" });
-    },
+  return Object.assign(models(turns, embedderTexts(async () => (await opened()).dki.store.embedder), () => closed), {
     system: async () => (await opened()).dki,
     close: async () => {
       closed = true;

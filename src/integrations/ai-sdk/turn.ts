@@ -1,7 +1,7 @@
 // One AI SDK call as one turn of the provider's system ("dki": DKISystem; "none": DKISystem with
 // no K/V; "rag": RAGSystem on the same store), and the turn's answer in the specification's terms:
 // finish reason, usage and the `dki` provider metadata.
-import type { JSONObject, LanguageModelV3FinishReason, LanguageModelV3Usage, SharedV3Warning } from "@ai-sdk/provider";
+import type { LanguageModelV3FinishReason, LanguageModelV3Usage, SharedV3Warning } from "@ai-sdk/provider";
 import type { FinishReason } from "../../engine/generate.js";
 import type { DKIResponse, DKISystem } from "../../dki/system.js";
 import type { MemoryStoreApi } from "../../memory/types.js";
@@ -18,7 +18,84 @@ export interface TurnOutcome {
   text: string;
   finishReason: LanguageModelV3FinishReason;
   usage: LanguageModelV3Usage;
-  metadata: JSONObject;
+  metadata: TurnMetadata;
+}
+
+/** A turn's stage times in milliseconds (the engine's LatencyBreakdown). */
+export type TurnLatency = {
+  queueMs: number;
+  routingMs: number;
+  promptMs: number;
+  gatingMs: number;
+  entropyProbeMs: number;
+  kvLoadMs: { L1: number; L2: number; L3: number };
+  kvComputeMs: number;
+  prefillMs: number;
+  decodeMs: number;
+  ttftMs: number;
+  recordMs: number;
+  totalMs: number;
+};
+
+type MemoryMeta = { id: string; text: string; score: number; relevance: number; tokens: number };
+type Common = {
+  userId: string;
+  sessionId: string;
+  memories: MemoryMeta[];
+  memoriesLeftOut: { id: string; reason: string }[];
+  promptTokens: number;
+  memoryTokens: number;
+  outputTokens: number;
+  ttftMs: number;
+  latency: TurnLatency;
+  /** The engine's own finish reason. */
+  finishReason: FinishReason;
+};
+
+/**
+ * `providerMetadata.dki` of a "dki" or "none" turn. Both providers (in-process and `dki serve`)
+ * build this one type, so an application reads the same fields whichever it is configured with.
+ * (Type aliases, not interfaces: the SDK's metadata is a JSON object, which an interface is not.)
+ */
+export type DkiTurnMetadata = Common & {
+  mode: "dki" | "none";
+  injected: boolean;
+  alpha: number;
+  gateReason: string;
+  forced: boolean;
+  relevance: number;
+  entropy: number | null;
+  tiers: { kind: "preferences" | "memory"; id: string | null; tier: string; loadMs: number; tokens: number; alpha: number }[];
+  cacheHit: boolean;
+  preferenceTokens: number;
+  historyTokens: number;
+};
+
+/** `providerMetadata.dki` of a "rag" turn: the memories went into the prompt as text. */
+export type RagTurnMetadata = Common & {
+  mode: "rag";
+  injected: false;
+  alpha: null;
+  gateReason: null;
+  tiers: [];
+  contextTokens: number;
+};
+
+export type TurnMetadata = DkiTurnMetadata | RagTurnMetadata;
+
+/**
+ * A turn's answer in the specification's terms, from its text and metadata alone: the one place
+ * finish reason and usage are derived, whichever provider ran the turn.
+ */
+export function turnOutcome(text: string, metadata: TurnMetadata): TurnOutcome {
+  // Blocks served from L1–L3 were read from the cache; L4 ones were computed for this turn.
+  const fromCache = metadata.tiers.filter((b) => b.tier !== "L4").reduce((s, b) => s + b.tokens, 0);
+  return {
+    text,
+    finishReason: finishReason(metadata.finishReason),
+    usage: usage(metadata.promptTokens, metadata.outputTokens, { total: metadata.memoryTokens, fromCache, computed: metadata.memoryTokens - fromCache }),
+    metadata,
+  };
 }
 
 /** Runs the call's turn; `onText` sees the answer as it streams. */
@@ -47,7 +124,13 @@ export async function runTurn(systems: DkiSystems, call: DkiCall, signal: AbortS
 export async function priorWarnings(store: MemoryStoreApi, call: DkiCall): Promise<SharedV3Warning[]> {
   if (call.prior.length === 0) return [];
   const turns = await store.conversations.list({ userId: call.dki.userId, sessionId: call.dki.sessionId });
-  const recorded: PriorMessage[] = turns.filter((t) => t.role === "user" || t.role === "assistant").map((t) => ({ role: t.role as PriorMessage["role"], text: t.content }));
+  return priorWarningsAgainst(call, turns.map((t) => ({ role: t.role, text: t.content })));
+}
+
+/** The warning of `priorWarnings`, given the session's recorded messages (from the store or from a server). */
+export function priorWarningsAgainst(call: DkiCall, turns: readonly { role: string; text: string }[]): SharedV3Warning[] {
+  if (call.prior.length === 0) return [];
+  const recorded: PriorMessage[] = turns.filter((t) => t.role === "user" || t.role === "assistant").map((t) => ({ role: t.role as PriorMessage["role"], text: t.text }));
   const tail = recorded.slice(-call.prior.length);
   const same = tail.length === call.prior.length && tail.every((m, i) => m.role === call.prior[i]!.role && m.text.trim() === call.prior[i]!.text.trim());
   if (same) return [];
@@ -89,61 +172,50 @@ function usage(promptTokens: number, outputTokens: number, memory: { total: numb
 }
 
 function dkiOutcome(r: DKIResponse, mode: "dki" | "none"): TurnOutcome {
-  const fromCache = r.cache.tiers.filter((b) => b.tier !== "L4").reduce((s, b) => s + b.tokens, 0);
   const h = r.metadata.hybridInjection;
-  return {
-    text: r.text,
-    finishReason: finishReason(r.finishReason),
-    usage: usage(r.inputTokens, r.outputTokens, { total: r.budget.memoryTokens, fromCache, computed: r.budget.memoryTokens - fromCache }),
-    metadata: {
-      mode,
-      userId: r.metadata.userId,
-      sessionId: r.metadata.sessionId,
-      memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, score: m.score, relevance: m.relevance, tokens: m.tokens })),
-      memoriesLeftOut: r.metadata.memoriesLeftOut.map((l) => ({ id: l.id, reason: l.reason })),
-      injected: r.gating.inject,
-      alpha: r.gating.alpha,
-      gateReason: r.gating.reason,
-      forced: r.gating.forced,
-      relevance: r.gating.relevance,
-      entropy: r.gating.entropy,
-      tiers: r.cache.tiers.map((b) => ({ kind: b.kind, id: b.id ?? null, tier: b.tier, loadMs: b.loadMs, tokens: b.tokens, alpha: b.alpha })),
-      cacheHit: r.cache.hit,
-      promptTokens: r.inputTokens,
-      memoryTokens: r.budget.memoryTokens,
-      preferenceTokens: h.preferenceTokens,
-      historyTokens: h.historyTokens,
-      outputTokens: r.outputTokens,
-      ttftMs: r.latency.ttftMs,
-      latency: { ...r.latency, kvLoadMs: { ...r.latency.kvLoadMs } },
-      finishReason: r.finishReason,
-    },
-  };
+  return turnOutcome(r.text, {
+    mode,
+    userId: r.metadata.userId,
+    sessionId: r.metadata.sessionId,
+    memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, score: m.score, relevance: m.relevance, tokens: m.tokens })),
+    memoriesLeftOut: r.metadata.memoriesLeftOut.map((l) => ({ id: l.id, reason: l.reason })),
+    injected: r.gating.inject,
+    alpha: r.gating.alpha,
+    gateReason: r.gating.reason,
+    forced: r.gating.forced,
+    relevance: r.gating.relevance,
+    entropy: r.gating.entropy,
+    tiers: r.cache.tiers.map((b) => ({ kind: b.kind, id: b.id ?? null, tier: b.tier, loadMs: b.loadMs, tokens: b.tokens, alpha: b.alpha })),
+    cacheHit: r.cache.hit,
+    promptTokens: r.inputTokens,
+    memoryTokens: r.budget.memoryTokens,
+    preferenceTokens: h.preferenceTokens,
+    historyTokens: h.historyTokens,
+    outputTokens: r.outputTokens,
+    ttftMs: r.latency.ttftMs,
+    latency: { ...r.latency, kvLoadMs: { ...r.latency.kvLoadMs } },
+    finishReason: r.finishReason,
+  });
 }
 
 function ragOutcome(r: RAGResponse): TurnOutcome {
-  return {
-    text: r.text,
-    finishReason: finishReason(r.finishReason),
-    usage: usage(r.inputTokens, r.outputTokens, { total: 0, fromCache: 0, computed: 0 }),
-    metadata: {
-      mode: "rag",
-      userId: r.metadata.userId,
-      sessionId: r.metadata.sessionId,
-      memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, score: m.score, relevance: m.relevance, tokens: m.tokens })),
-      memoriesLeftOut: r.metadata.memoriesLeftOut.map((l) => ({ id: l.id, reason: l.reason })),
-      // Memories go into the prompt as text: nothing is injected, no α, no gate, no K/V tiers.
-      injected: false,
-      alpha: null,
-      gateReason: null,
-      tiers: [],
-      promptTokens: r.inputTokens,
-      contextTokens: r.metadata.contextTokens,
-      memoryTokens: 0,
-      outputTokens: r.outputTokens,
-      ttftMs: r.latency.ttftMs,
-      latency: { ...r.latency, kvLoadMs: { ...r.latency.kvLoadMs } },
-      finishReason: r.finishReason,
-    },
-  };
+  return turnOutcome(r.text, {
+    mode: "rag",
+    userId: r.metadata.userId,
+    sessionId: r.metadata.sessionId,
+    memories: r.memoriesUsed.map((m) => ({ id: m.id, text: m.text, score: m.score, relevance: m.relevance, tokens: m.tokens })),
+    memoriesLeftOut: r.metadata.memoriesLeftOut.map((l) => ({ id: l.id, reason: l.reason })),
+    // Memories go into the prompt as text: nothing is injected, no α, no gate, no K/V tiers.
+    injected: false,
+    alpha: null,
+    gateReason: null,
+    tiers: [],
+    promptTokens: r.inputTokens,
+    contextTokens: r.metadata.contextTokens,
+    memoryTokens: 0,
+    outputTokens: r.outputTokens,
+    ttftMs: r.latency.ttftMs,
+    latency: { ...r.latency, kvLoadMs: { ...r.latency.kvLoadMs } },
+    finishReason: r.finishReason,
+  });
 }

@@ -19,6 +19,7 @@ import { chunkDocument, resolveChunkOptions, type ChunkOptions, type ChunkTokeni
 import { checkFilter, DOCUMENT_FIELDS, matchesFilter } from "./filter.js";
 import { docTypeOf, parseDocument, DOC_TYPES, type DocType } from "./parse.js";
 import { searchKnowledgeBase, type KbSearchDetail, type KbSearchOptions, type KbSearchResult } from "./search.js";
+import { KbTenantView, noCollectionError, ownerAdmits, type CollectionOwner, type KbRetrieveOptions, type KbRetriever } from "./tenancy.js";
 
 export const KB_SCHEMA_VERSION = 2; // 2: [collection, id] array keys (1 had "collection\0id" strings)
 
@@ -58,6 +59,25 @@ export interface CollectionInfo {
   chunks: number;
   /** Custom metadata keys its documents carry (filterable beside the standard fields). */
   customFields: string[];
+  /** The chunk settings an ingestion without its own uses (the defaults unless the collection was created with others). */
+  chunk: Required<ChunkOptions>;
+  /** The tenant it belongs to; absent: shared by every user. */
+  owner?: CollectionOwner;
+}
+
+/** What a collection is created with; getOrCreateCollection refuses an existing one whose settings differ. */
+export interface CollectionSettings {
+  /** Chunk settings for its documents (an ingestion's own `chunk` options override them field by field). */
+  chunk?: ChunkOptions;
+  /** Scope it to one user or a user prefix: only that tenant's scoped reads (forUser, retrieve, RAG turns) see it. */
+  owner?: CollectionOwner;
+}
+
+/** What deleteWhere removed. */
+export interface DeleteResult {
+  /** The documents removed, in key order. */
+  documents: string[];
+  chunks: number;
 }
 
 export interface KbDocument {
@@ -114,6 +134,9 @@ interface CollectionRecord {
   embedderId: string;
   dim: number;
   customFields: string[];
+  /** Absent in collections made before collection settings: the defaults. */
+  chunk?: Required<ChunkOptions>;
+  owner?: CollectionOwner;
 }
 
 interface StoredChunk extends KbChunk {
@@ -193,7 +216,33 @@ export interface CollectionSnapshot {
   documents: Map<string, KbDocument>;
 }
 
-export class KnowledgeBase {
+/** An owner as given: one of userId or userPrefix, a non-empty string (checked, copied). */
+export function checkOwner(owner: unknown): CollectionOwner {
+  if (owner === null || typeof owner !== "object" || Array.isArray(owner)) throw new DkiArgumentError('owner must be an object: { userId } or { userPrefix }');
+  const o = owner as Record<string, unknown>;
+  for (const k of Object.keys(o)) if (k !== "userId" && k !== "userPrefix") throw new DkiArgumentError(`owner.${k} is not a known field (userId, userPrefix)`);
+  const given = (["userId", "userPrefix"] as const).filter((k) => o[k] !== undefined);
+  if (given.length !== 1) throw new DkiArgumentError("owner must have exactly one of userId and userPrefix");
+  const v = o[given[0]];
+  if (typeof v !== "string" || v === "" || v.length > 256) throw new DkiArgumentError(`owner.${given[0]} must be a non-empty string of at most 256 characters`);
+  return given[0] === "userId" ? { userId: v } : { userPrefix: v };
+}
+
+/** getOrCreateCollection on an existing collection set up otherwise (the server answers it with 409). */
+export class CollectionSettingsError extends DkiArgumentError {
+  constructor(
+    message: string,
+    /** Each difference, e.g. `chunk.chunkTokens is 512, not 256`. */
+    readonly differences: string[],
+  ) {
+    super(message);
+    this.name = "CollectionSettingsError";
+  }
+}
+
+const ownerLabel = (o: CollectionOwner | undefined): string => (o === undefined ? "shared (no owner)" : o.userId !== undefined ? `user ${JSON.stringify(o.userId)}` : `users starting with ${JSON.stringify(o.userPrefix)}`);
+
+export class KnowledgeBase implements KbRetriever {
   private closed = false;
   private readonly index: ScopedHybridIndex;
 
@@ -299,7 +348,78 @@ export class KnowledgeBase {
       documents++;
       chunks += value.chunkIds.length;
     }
-    return { name: c.name, createdAt: c.createdAt, embedderId: c.embedderId, dim: c.dim, documents, chunks, customFields: c.customFields };
+    return { name: c.name, createdAt: c.createdAt, embedderId: c.embedderId, dim: c.dim, documents, chunks, customFields: c.customFields, chunk: c.chunk ?? resolveChunkOptions(), ...(c.owner !== undefined ? { owner: c.owner } : {}) };
+  }
+
+  /**
+   * Creates a collection with its settings; an existing one is refused (getOrCreateCollection
+   * takes it when its settings are the same).
+   */
+  async createCollection(name: string, settings: CollectionSettings = {}): Promise<CollectionInfo> {
+    const r = await this.getOrCreateCollection(name, settings);
+    if (!r.created) throw new DkiArgumentError(`collection ${JSON.stringify(name)} already exists (getOrCreateCollection takes an existing one)`);
+    return r.collection;
+  }
+
+  /**
+   * The collection, created with these settings if it does not exist. An existing one is taken
+   * only when its settings are these (chunk settings and owner, the defaults where not given, and
+   * the embedder): anything else is refused, naming each difference, so two callers never share a
+   * collection believing it is set up differently (or another tenant's).
+   */
+  async getOrCreateCollection(name: string, settings: CollectionSettings = {}): Promise<{ collection: CollectionInfo; created: boolean }> {
+    this.live();
+    checkCollectionName(name);
+    if (settings === null || typeof settings !== "object") throw new DkiArgumentError("collection settings must be an object: { chunk?, owner? }");
+    for (const k of Object.keys(settings)) if (k !== "chunk" && k !== "owner") throw new DkiArgumentError(`collection settings: ${k} is not a known setting (chunk, owner)`);
+    const chunk = resolveChunkOptions(settings.chunk);
+    const owner = settings.owner === undefined ? undefined : checkOwner(settings.owner);
+    const record = this.root.transactionSync(() => {
+      const existing = this.collections.get(name);
+      if (existing !== undefined) return { rec: existing, created: false };
+      const rec: CollectionRecord = { name, createdAt: Date.now(), embedderId: this.embedder.id, dim: this.embedder.dim, customFields: [], chunk, ...(owner !== undefined ? { owner } : {}) };
+      this.collections.putSync(name, rec);
+      return { rec, created: true };
+    });
+    if (!record.created) {
+      const had = record.rec;
+      const diffs: string[] = [];
+      const hadChunk = had.chunk ?? resolveChunkOptions();
+      for (const k of Object.keys(chunk) as (keyof typeof chunk)[]) if (hadChunk[k] !== chunk[k]) diffs.push(`chunk.${k} is ${JSON.stringify(hadChunk[k])}, not ${JSON.stringify(chunk[k])}`);
+      if (ownerLabel(had.owner) !== ownerLabel(owner)) diffs.push(`owner is ${ownerLabel(had.owner)}, not ${ownerLabel(owner)}`);
+      if (had.embedderId !== this.embedder.id) diffs.push(`embedder is ${had.embedderId}, not ${this.embedder.id}`);
+      if (diffs.length > 0) throw new CollectionSettingsError(`collection ${JSON.stringify(name)} exists with other settings: ${diffs.join("; ")}`, diffs);
+    }
+    return { collection: this.info(record.rec), created: record.created };
+  }
+
+  /** A collection's owner, or undefined for a shared one (an unknown collection is an error). */
+  ownerOf(name: string): CollectionOwner | undefined {
+    this.live();
+    return this.collection(name).owner;
+  }
+
+  /**
+   * The knowledge base as one user sees it: shared collections and those the user owns (userId
+   * null: shared ones only). Every read of a tenant's request goes through one; the methods of the
+   * KnowledgeBase itself are its owner's (the library caller, an admin) and see everything.
+   */
+  forUser(userId: string | null): KbTenantView {
+    this.live();
+    if (userId !== null && (typeof userId !== "string" || userId === "")) throw new DkiArgumentError("forUser needs a non-empty user id, or null for shared collections only");
+    return new KbTenantView(this, userId);
+  }
+
+  /** Whether a user (null: none) may read a collection; false for one that does not exist. */
+  visibleTo(name: string, userId: string | null): boolean {
+    this.live();
+    const c = typeof name === "string" ? this.collections.get(name) : undefined;
+    return c !== undefined && ownerAdmits(c.owner, userId);
+  }
+
+  /** The retriever interface (RAGSystem's): a search of a collection as `userId` sees the knowledge base. */
+  async retrieve(query: string, o: KbRetrieveOptions): Promise<KbSearchDetail> {
+    return this.forUser(o?.userId ?? null).searchDetailed(query, o);
   }
 
   /** A collection's record, or an error naming it and the collections that exist. */
@@ -308,7 +428,7 @@ export class KnowledgeBase {
     const c = this.collections.get(name);
     if (c === undefined) {
       const names = [...this.collections.getKeys()].map(String);
-      throw new DkiArgumentError(`no collection ${JSON.stringify(name)}${names.length > 0 ? `; collections: ${names.join(", ")}` : " (the knowledge base is empty)"}`);
+      throw noCollectionError(name, names);
     }
     return c;
   }
@@ -403,8 +523,9 @@ export class KnowledgeBase {
     checkCollectionName(o.collection);
     checkDocId(o.docId);
     if (!DOC_TYPES.includes(o.docType)) throw new DkiArgumentError(`unsupported document type ${JSON.stringify(o.docType)}; supported: ${DOC_TYPES.join(", ")}`);
-    const chunkOpts = resolveChunkOptions(o.chunk);
     const existing = this.collections.get(o.collection);
+    // The collection's chunk settings, each overridden by the ingestion's own where it gives one.
+    const chunkOpts = resolveChunkOptions({ ...(existing?.chunk ?? {}), ...Object.fromEntries(Object.entries(o.chunk ?? {}).filter(([, v]) => v !== undefined)) });
     if (existing && existing.embedderId !== this.embedder.id) {
       throw new DkiArgumentError(`collection ${JSON.stringify(o.collection)} holds vectors of embedder ${existing.embedderId}; this knowledge base was opened with ${this.embedder.id}`);
     }
@@ -491,6 +612,48 @@ export class KnowledgeBase {
     if (removed === null) return false;
     this.index.remove(collection, removed.ids, removed.generation);
     return true;
+  }
+
+  /**
+   * Removes every document of a collection whose fields match a filter (the search filters' own
+   * language, checked the same way: an unknown field is an error), with all their chunks, in one
+   * transaction: e.g. one game session's history, `{ eq: { sessionId: "s1" } }`. A filter is
+   * required (removeCollection removes everything).
+   */
+  async deleteWhere(collection: string, filter: Filter): Promise<DeleteResult> {
+    this.live();
+    this.collection(collection);
+    if (filter === undefined || filter === null) throw new DkiArgumentError("deleteWhere needs a filter (removeCollection removes a whole collection)");
+    checkFilter(filter, this.fieldsOf(collection));
+    this.index.open(collection);
+    const removed = this.root.transactionSync(() => {
+      // Read inside the transaction, then remove: what matched is what goes, whole documents only.
+      const docs = [...this.documents.getRange(prefixRange(collection))].map(({ value }) => value).filter((d) => matchesFilter(d.fields, filter));
+      if (docs.length === 0) return null;
+      const ids: string[] = [];
+      for (const d of docs) {
+        for (const id of d.chunkIds) this.chunks.removeSync(chunkKey(collection, id));
+        this.documents.removeSync(docKey(collection, d.docId));
+        ids.push(...d.chunkIds);
+      }
+      return { documents: docs.map((d) => d.docId), ids, generation: this.bump(collection) };
+    });
+    if (removed === null) return { documents: [], chunks: 0 };
+    this.index.remove(collection, removed.ids, removed.generation);
+    return { documents: removed.documents, chunks: removed.ids.length };
+  }
+
+  /**
+   * Removes every collection owned by exactly this user (owner.userId), with all their documents
+   * and chunks: what erasing a user removes from the knowledge base. A collection owned by a user
+   * prefix belongs to a group, not to the user, and stays. Returns the names removed.
+   */
+  async removeCollectionsOwnedBy(userId: string): Promise<string[]> {
+    this.live();
+    if (typeof userId !== "string" || userId === "") throw new DkiArgumentError("removeCollectionsOwnedBy needs a non-empty user id");
+    const names = [...this.collections.getRange()].filter(({ value }) => value.owner?.userId === userId).map(({ value }) => value.name);
+    for (const name of names) await this.removeCollection(name);
+    return names;
   }
 
   /** Removes a collection with every document and chunk. */

@@ -1,14 +1,17 @@
 // Documents → text with sections. Plain text and Markdown are read as they are (offsets point into
 // the file itself); HTML goes through cheerio (block elements become paragraphs, scripts and styles
-// are dropped); PDF through pdfjs-dist (text items per page). A section is a span of the text with
-// its heading path (Markdown and HTML headings) or page number (PDF): chunks never cross one.
+// are dropped); PDF through pdfjs-dist (text items per page); DOCX, CSV/TSV, JSON, XML and source
+// code are converted to Markdown with their structure kept (to-markdown.ts) and read as Markdown.
+// A section is a span of the text with its heading path (Markdown and HTML headings) or page
+// number (PDF): chunks never cross one.
 import { extname } from "node:path";
 import { load } from "cheerio";
 import { DkiArgumentError, FormatError } from "../../errors.js";
 import { decodeUtf8 } from "../../util/utf8.js";
+import { CODE_LANGUAGES, codeToMarkdown, delimitedToMarkdown, docxToMarkdown, jsonToMarkdown, xmlToMarkdown } from "./to-markdown.js";
 
-export type DocType = "text" | "markdown" | "html" | "pdf";
-export const DOC_TYPES: readonly DocType[] = ["text", "markdown", "html", "pdf"];
+export type DocType = "text" | "markdown" | "html" | "pdf" | "docx" | "csv" | "tsv" | "json" | "xml" | "code";
+export const DOC_TYPES: readonly DocType[] = ["text", "markdown", "html", "pdf", "docx", "csv", "tsv", "json", "xml", "code"];
 
 export interface Section {
   start: number;
@@ -36,6 +39,12 @@ const EXTENSIONS: Readonly<Record<string, DocType>> = {
   ".htm": "html",
   ".xhtml": "html",
   ".pdf": "pdf",
+  ".docx": "docx",
+  ".csv": "csv",
+  ".tsv": "tsv",
+  ".json": "json",
+  ".xml": "xml",
+  ...Object.fromEntries(Object.keys(CODE_LANGUAGES).map((ext) => [ext, "code" as const])),
 };
 
 /** Whether a file name has an extension ingestion reads (what a folder's walk takes). */
@@ -240,14 +249,21 @@ export async function parseDocument(bytes: Uint8Array, docType: DocType, name: s
   if (bytes.length === 0) throw new FormatError(name, "is empty");
   let parsed: { text: string; title?: string; sections: Section[] };
   let invalidUtf8 = 0;
+  const asMarkdown = (md: string) => ({ text: md, sections: markdownSections(md) });
   if (docType === "pdf") {
     parsed = await pdfToText(bytes, name);
+  } else if (docType === "docx") {
+    parsed = asMarkdown(await docxToMarkdown(bytes, name));
   } else {
     const decoded = decodeText(bytes, name, o.replaceInvalidUtf8 === true);
     invalidUtf8 = decoded.replaced;
     const raw = decoded.text.replace(/^\uFEFF/, "");
     if (docType === "html") parsed = htmlToText(raw);
-    else if (docType === "markdown") parsed = { text: raw, sections: markdownSections(raw) };
+    else if (docType === "markdown") parsed = asMarkdown(raw);
+    else if (docType === "csv" || docType === "tsv") parsed = asMarkdown(delimitedToMarkdown(raw, docType === "csv" ? "," : "\t", name));
+    else if (docType === "json") parsed = asMarkdown(jsonToMarkdown(raw, name));
+    else if (docType === "xml") parsed = asMarkdown(await xmlToMarkdown(raw, name));
+    else if (docType === "code") parsed = asMarkdown(codeToMarkdown(raw, CODE_LANGUAGES[extname(name).toLowerCase()] ?? ""));
     else parsed = { text: raw, sections: whole(raw) };
   }
   if (parsed.text.trim() === "") {
