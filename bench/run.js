@@ -6,7 +6,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js", "dki-vs-rag": "dki-vs-rag.js", "relevance-calibration": "calibrate-relevance.js", "threads-contention": "threads-contention.js", "serve-load": "serve-load.js" };
+const suites = { engine: "engine.js", injection: "injection.js", cache: "cache.js", "cache-burst": "cache-burst.js", "peak-rss": "peak-rss.js", memory: "memory.js", gpu: "gpu.js", "dki-chat": "dki-chat.js", "dki-vs-rag": "dki-vs-rag.js", "relevance-calibration": "calibrate-relevance.js", "threads-contention": "threads-contention.js", "serve-load": "serve-load.js", "rag-pipeline": "rag-pipeline.js" };
 // The CPU suites run by default; gpu needs the CUDA addon and a GPU (bench/gpu/run.sh);
 // threads-contention loads the machine on purpose and wants a baseline build (see its header).
 const defaults = ["engine", "injection", "cache", "cache-burst", "peak-rss", "memory", "relevance-calibration", "dki-chat", "dki-vs-rag"];

@@ -47,6 +47,29 @@ describe("dki rag", () => {
     expect(text.stderr).toMatch(/^\[memories: .* \| prompt \d+ tokens \(context \d+\) \| ttft \d+ ms, \d+ tokens \| session rag-\S+\]\n$/);
   });
 
+  test("--decompose, --step-back, --step-model: the LLM steps in metadata.pipeline, the searches in the summary", async () => {
+    const base = ["--model", model, "--data", data, "--user", "alice", "--max-tokens", "2", "--threads", "1", "--no-memory", "--collection", "hb"];
+    const r = JSON.parse((await dki(["rag", ...base, "--decompose", "2", "--step-back", "--step-model", model, "--step-timeout", "60000", "--query", "How many vacation days and parking spaces?", "--format", "json"])).stdout);
+    expect(r.metadata.pipeline.steps.map((s: { step: string }) => s.step)[0]).toBe("decompose");
+    for (const s of r.metadata.pipeline.steps) expect(Object.keys(s)).toEqual(expect.arrayContaining(["step", "prompt", "raw", "parsed", "fell_back", "constrained", "ms"]));
+    expect(r.metadata.pipeline.hops.length).toBeGreaterThanOrEqual(1);
+    const rr = JSON.parse((await dki(["rag", ...base, "--rerank", "lexical", "--rerank-depth", "4", "--top-k", "1", "--prompt-mode", "precise", "--layout", "seed", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(rr.metadata.pipeline.rerank.method).toBe("lexical");
+    expect(rr.sources[0].chunk_id).toBe(rr.metadata.pipeline.rerank.after[0]);
+    expect(rr.prompt_info.final_prompt).toMatch(/^System: .*Answer only with facts stated/s);
+    const sr = JSON.parse((await dki(["rag", ...base, "--self-rag", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(sr.metadata.pipeline.self_rag.config.max_rounds).toBe(3);
+    const ad = JSON.parse((await dki(["rag", ...base, "--adaptive", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(ad.metadata.pipeline.adaptive.query_class).toMatch(/^(no_retrieval|simple|multi_hop)$/);
+    const cq = JSON.parse((await dki(["rag", ...base, "--citations", "markdown", "--empty-retrieval", "answer", "--truncate-first-context", "--query", "How many vacation days?", "--format", "json"])).stdout);
+    expect(typeof cq.metadata.citation_quality.formatted).toBe("string");
+    expect(Array.isArray(cq.metadata.citation_quality.unsupported)).toBe(true);
+    const none = await dki(["rag", ...base, "--empty-retrieval", "answer", "--filter", '{"eq":{"category":"nothing"}}', "--query", "How many vacation days?"]);
+    expect(none.stdout).toBe("I found no relevant information to answer this question.\n");
+    const text = await dki(["rag", ...base, "--step-back", "--query", "How many vacation days?"]);
+    expect(text.stderr).toMatch(/\| searched: "How many vacation days\?"/);
+  });
+
   test("bad flags are refused by name", async () => {
     const base = ["--model", model, "--data", data, "--user", "alice"];
     expect(await dkiFails(["rag", ...base, "--kb-mode", "kv", "--query", "q"])).toMatch(/--kb-mode needs --collection/);
@@ -55,6 +78,17 @@ describe("dki rag", () => {
     expect(await dkiFails(["rag", ...base, "--format", "json"])).toMatch(/--format json prints one answer/);
     expect(await dkiFails(["chat", "--mode", "rag", "--alpha", "0.5", ...base, "--query", "q"])).toMatch(/--alpha applies to --mode dki only/);
     expect(await dkiFails(["rag", ...base, "--kb-mode", "html", "--query", "q"])).toMatch(/--kb-mode/);
+    expect(await dkiFails(["rag", ...base, "--decompose", "2", "--query", "q"])).toMatch(/--decompose needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank", "cross", "--query", "q"])).toMatch(/--rerank/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--rerank-depth", "5", "--query", "q"])).toMatch(/--rerank-depth needs --rerank/);
+    expect(await dkiFails(["rag", ...base, "--prompt-mode", "loud", "--query", "q"])).toMatch(/--prompt-mode/);
+    expect(await dkiFails(["rag", ...base, "--self-rag", "--query", "q"])).toMatch(/--self-rag needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--adaptive", "--query", "q"])).toMatch(/--adaptive needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--empty-retrieval", "answer", "--query", "q"])).toMatch(/--empty-retrieval needs --collection/);
+    expect(await dkiFails(["rag", ...base, "--citations", "latex", "--query", "q"])).toMatch(/--citations must be one of markdown, html, plain, inline/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--decompose", "9", "--query", "q"])).toMatch(/--decompose must be an integer in \[2, 5\], got "9"/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--no-iterative", "--query", "q"])).toMatch(/--no-iterative needs --decompose/);
+    expect(await dkiFails(["rag", ...base, "--collection", "hb", "--step-back", "--step-model", join(model, "config.json"), "--query", "q"])).toMatch(/--step-model must be a model folder or a \.gguf file/);
   });
 });
 

@@ -8,6 +8,9 @@ import { sourceLabel } from "../rag/citations.js";
 import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from "../rag/rag-system.js";
 import { openKnowledgeBase } from "./kb.js";
+import { RERANK_METHODS, type RerankMethod } from "../rag/pipeline/rerank.js";
+import { PROMPT_MODES, type PromptMode } from "../rag/pipeline/prompt-modes.js";
+import { CITATION_FORMATS, type CitationFormat } from "../rag/pipeline/citation-quality.js";
 import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
@@ -20,6 +23,20 @@ export interface RagFlags extends TurnFlags {
   multiQuery?: number;
   hyde?: boolean;
   layout?: "auto" | "seed" | "chat";
+  rewrite?: boolean;
+  decompose?: number;
+  iterative?: boolean;
+  stepBack?: boolean;
+  stepModel?: string;
+  stepTimeout?: number;
+  rerank?: RerankMethod;
+  rerankDepth?: number;
+  promptMode?: PromptMode;
+  selfRag?: boolean;
+  adaptive?: boolean;
+  citations?: CitationFormat;
+  emptyRetrieval?: "generate" | "answer";
+  truncateFirstContext?: boolean;
 }
 
 /** One line on what the turn put in the prompt and what it cost, and the session it went to. */
@@ -29,12 +46,26 @@ export function ragSummary(r: RAGResponse): string {
   const kb = chunks.length === 0 ? "" : ` | chunks: ${chunks.join("; ")}`;
   const cited = r.citations.citations.length === 0 ? "" : ` | cited: ${r.citations.citations.map((c) => `[${c.marker}]`).join(" ")}`;
   const fallback = r.metadata.forcedFallback ? " | FORCED FALLBACK: bare query" : "";
-  return `[memories: ${mems}${kb}${cited} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
+  const p = r.metadata.pipeline;
+  const fell = p === null ? [] : p.steps.filter((s) => s.fellBack).map((s) => s.step);
+  const searched = p === null ? "" : ` | searched: ${p.hops.map((h) => JSON.stringify(h.query)).join(", ")}${fell.length > 0 ? ` (fell back: ${fell.join(", ")})` : ""}`;
+  const q = r.metadata.citationQuality;
+  const quality = q === null ? "" : ` | confidence: ${q.confidence.length === 0 ? "no citations" : q.confidence.map((c) => `[${c.marker}] ${c.confidence.toFixed(2)}`).join(" ")}, ${q.unsupported.length} unsupported sentence(s)`;
+  return `[memories: ${mems}${kb}${searched}${cited}${quality} | prompt ${r.inputTokens} tokens (context ${r.metadata.contextTokens}) | ttft ${r.latency.ttftMs.toFixed(0)} ms, ${r.outputTokens} tokens${fallback}${abortedSummary(r)} | session ${r.metadata.sessionId}]`;
 }
 
 function checkFlags(flags: RagFlags): void {
-  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"]];
+  const kbOnly: [keyof RagFlags, string][] = [["kbMode", "--kb-mode"], ["filter", "--filter"], ["topK", "--top-k"], ["multiQuery", "--multi-query"], ["hyde", "--hyde"], ["rewrite", "--rewrite"], ["decompose", "--decompose"], ["stepBack", "--step-back"], ["rerank", "--rerank"], ["selfRag", "--self-rag"], ["adaptive", "--adaptive"], ["emptyRetrieval", "--empty-retrieval"]];
   for (const [k, name] of kbOnly) if (flags[k] !== undefined && flags.collection === undefined) throw new Error(`${name} needs --collection`);
+  // commander sets iterative to true by default (--no-iterative): only false is the user's.
+  if (flags.iterative === false && flags.decompose === undefined) throw new Error("--no-iterative needs --decompose");
+  if (flags.rerankDepth !== undefined && flags.rerank === undefined) throw new Error("--rerank-depth needs --rerank");
+}
+
+/** The query transformations the flags ask for; undefined when none (the turn is the baseline's). */
+function queryTransform(flags: RagFlags): RAGChatOptions["queryTransform"] {
+  if (flags.rewrite !== true && flags.decompose === undefined && flags.stepBack !== true) return undefined;
+  return { rewrite: flags.rewrite, decompose: flags.decompose, iterative: flags.iterative, stepBack: flags.stepBack };
 }
 
 export async function ragCommand(flags: RagFlags): Promise<void> {
@@ -43,6 +74,7 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   const config = await turnConfig(flags);
   const filter = flags.filter === undefined ? undefined : (jsonObjectOption("--filter", flags.filter) as Filter);
   await checkModelPath(flags.model, "--model");
+  if (flags.stepModel !== undefined) await checkModelPath(flags.stepModel, "--step-model");
   // The collection is checked before the model loads; searching it needs only its embedder.
   const embedder = await embedderOption(flags.embedder);
   const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder, mustExist: true });
@@ -50,12 +82,14 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   try {
     // As the turns will search it: as --user (another tenant's collection is not found).
     if (kb !== null && flags.collection !== undefined) kb.forUser(flags.user).getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: flags.layout ? { layout: flags.layout } : undefined });
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout } });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
       useMemories: flags.memory,
-      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde } : {}),
+      ...(flags.collection !== undefined ? { collection: flags.collection, kbMode: flags.kbMode, kbFilter: filter, kbTopK: flags.topK, kbMultiQuery: flags.multiQuery, kbHyde: flags.hyde, queryTransform: queryTransform(flags), rerank: flags.rerank, rerankDepth: flags.rerankDepth, selfRag: flags.selfRag, adaptive: flags.adaptive, emptyRetrieval: flags.emptyRetrieval } : {}),
+      ...(flags.citations !== undefined ? { citations: { format: flags.citations } } : {}),
+      promptMode: flags.promptMode,
     });
     if (flags.query !== undefined) {
       const query = flags.query;
@@ -85,6 +119,20 @@ export function ragOptions(c: Command): Command {
     .option("--top-k <n>", "chunks per turn (default 5)", intOption("--top-k", 1, 100))
     .option("--multi-query <n>", "search with N rewrites of the query written by the model", intOption("--multi-query", 1, 8))
     .option("--hyde", "search the dense index with a hypothetical answer written by the model (HyDE)")
+    .option("--rewrite", "rewrite a follow-up into a standalone query from the session's history before searching (an LLM step)")
+    .option("--decompose <n>", "split a multi-hop question into at most N sub-queries (2-5), retrieved one after the other (an LLM step)", intOption("--decompose", 2, 5))
+    .option("--no-iterative", "with --decompose: search each sub-query as written, not refined with what the earlier ones found")
+    .option("--step-back", "also search a more general (step-back) question written by the model")
+    .option("--rerank <method>", "rerank the collection's results: lexical (cosine + query-term coverage, no model call) or llm (the step model judges each passage yes/no)", choiceOption("--rerank", RERANK_METHODS))
+    .option("--rerank-depth <n>", "results searched and reranked before the best --top-k are kept (default max(20, 4 × top-k))", intOption("--rerank-depth", 1, 100))
+    .option("--prompt-mode <mode>", "simple, advanced (combine and cite blocks) or precise (only what the context states, every sentence cited)", choiceOption("--prompt-mode", PROMPT_MODES))
+    .option("--self-rag", "Self-RAG: the model decides whether to search, grades the passages and its answer, and reformulates (at most 3 rounds); the answer is printed once accepted")
+    .option("--adaptive", "Adaptive RAG: classify the query (none / simple / complex) and search accordingly (none / one search / decomposed)")
+    .option("--citations <format>", "score the answer's citations (0.4 similarity + 0.4 position + 0.2 coverage), flag unsupported sentences, and render it as markdown, html, plain or inline (in the JSON's metadata.citation_quality)", choiceOption("--citations", CITATION_FORMATS))
+    .option("--empty-retrieval <what>", "when the collection search finds nothing and no memory is used: generate (default) or answer \"no relevant information\" without the model", choiceOption("--empty-retrieval", ["generate", "answer"] as const))
+    .option("--truncate-first-context", "cut a first context block too long for the budget to fit, instead of dropping it")
+    .option("--step-model <path>", "the model the LLM steps run on (default: --model)")
+    .option("--step-timeout <ms>", "milliseconds an LLM step may take before its fallback is used (default 30000)", intOption("--step-timeout", 1, 3_600_000))
     .option("--layout <layout>", "auto (chat template when the model has one), seed (seed 000's plain layout) or chat", choiceOption("--layout", ["auto", "seed", "chat"] as const));
 }
 

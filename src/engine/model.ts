@@ -191,6 +191,15 @@ function withSegments(e: unknown, what: string, kept: KeptSegment[]): unknown {
   return new NonFiniteError(`${err.message}; injected: ${list}`, err.step, undefined);
 }
 
+/** log softmax(logits)[id], with the maximum subtracted first (no overflow). */
+export function logSoftmaxAt(logits: Float32Array, id: number): number {
+  let max = -Infinity;
+  for (let i = 0; i < logits.length; i++) if (logits[i]! > max) max = logits[i]!;
+  let z = 0;
+  for (let i = 0; i < logits.length; i++) z += Math.exp(logits[i]! - max);
+  return logits[id]! - max - Math.log(z);
+}
+
 /** What to generate from: plain text, chat messages (rendered with the chat template) or token ids. */
 export type PromptInput = string | { messages: ChatMessage[] } | { tokens: number[] };
 
@@ -439,6 +448,54 @@ export class Model {
       const V = this.config.vocabSize;
       return tokens.map((_, i) => all.subarray(i * V, (i + 1) * V));
     });
+  }
+
+  /**
+   * Constrained choice: the summed log-probability of each continuation's tokens right after the
+   * input. The input is prefilled once; each continuation is then evaluated on top of it (the
+   * context cut back to the input between them), one token at a time and only the last position's
+   * logits read, so a long prompt costs one prefill, not one per option nor a [tokens × vocab]
+   * logits matrix. What the RAG pipeline's yes/no and class steps decode with.
+   */
+  async scoreContinuations(input: PromptInput, continuations: number[][], opts: { signal?: AbortSignal } = {}): Promise<number[]> {
+    const head = this.encodePrompt(input);
+    this.checkTokens(head);
+    if (!Array.isArray(continuations) || continuations.length === 0) throw new DkiArgumentError("scoreContinuations needs at least one continuation");
+    continuations.forEach((c, i) => this.checkTokens(c, `continuation ${i}`, { tokens: this.contextSize - head.length, name: `left after the ${head.length}-token input` }));
+    const V = this.config.vocabSize;
+    return this.withInjection(
+      "scoreContinuations",
+      {},
+      async (ctx, _segmentTokens, signal) => {
+        const step = async (tokens: number[], out: Float32Array) => {
+          if (signal.aborted) throw signal.reason;
+          const onAbort = () => ctx.cancel();
+          signal.addEventListener("abort", onAbort, { once: true });
+          try {
+            await ctx.eval(Int32Array.from(tokens), LogitsMode.Last, out);
+          } catch (e) {
+            throw signal.aborted ? signal.reason : e;
+          } finally {
+            signal.removeEventListener("abort", onAbort);
+          }
+        };
+        const first = new Float32Array(V);
+        const next = new Float32Array(V);
+        await step(head, first);
+        const scores: number[] = [];
+        for (const c of continuations) {
+          let lp = logSoftmaxAt(first, c[0]!);
+          ctx.truncate(head.length);
+          for (let k = 0; k + 1 < c.length; k++) {
+            await step([c[k]!], next);
+            lp += logSoftmaxAt(next, c[k + 1]!);
+          }
+          scores.push(lp);
+        }
+        return scores;
+      },
+      opts.signal,
+    );
   }
 
   /** Entropy of the next-token distribution after the input, without generating (a gating signal). */

@@ -43,6 +43,12 @@ export interface RagBudget {
   reserveForGeneration?: number;
   /** The largest share of the tokens left after the fixed part that retrieved context may take. Default 0.5. */
   contextShare?: number;
+  /**
+   * A first retrieved context too long for the context share is cut to fit (ending in "…") instead
+   * of dropped, so the best match still informs the answer (seed 001's fallback). Default false:
+   * seed 000 drops it.
+   */
+  truncateFirstContext?: boolean;
   layout?: PromptLayout;
 }
 
@@ -132,6 +138,30 @@ function fill(lines: string[], header: string, limit: number, count: (s: string)
   return kept.length === 0 ? { kept, tokens: 0 } : { kept, tokens: used };
 }
 
+/**
+ * The longest prefix of `line` (cut at a word boundary where there is one, "…" appended) that
+ * `fits`; null when not even its first word does. Binary search on the length: a count is
+ * monotonic in the prefix length up to a token or two of merging, and the result is checked.
+ */
+function truncateToFit(line: string, fits: (s: string) => boolean): string | null {
+  const cutAt = (n: number) => {
+    const head = line.slice(0, n);
+    const space = head.lastIndexOf(" ");
+    return `${space > n / 2 ? head.slice(0, space) : head}…`;
+  };
+  let lo = 0;
+  let hi = line.length;
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    if (fits(cutAt(mid))) lo = mid;
+    else hi = mid - 1;
+  }
+  // "[1] …" alone is no context: at least one word of the passage must fit.
+  if (lo <= line.indexOf(" ") + 1) return null;
+  const out = cutAt(lo);
+  return fits(out) ? out : null;
+}
+
 /** Builds the RAG prompt within the budget; throws only when even the bare query cannot fit. */
 export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput, budget: RagBudget): RagPromptBuild {
   checkInput(input, budget);
@@ -171,7 +201,16 @@ export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput
 
   // Step 2: retrieved context, at most `share` of what remains.
   const ctxLines = input.contexts.map((c, i) => contextLine(i, c));
-  const ctx = remaining > 0 ? fill(ctxLines, CONTEXT_HEADER, Math.floor(remaining * share), countPart) : { kept: [], tokens: 0 };
+  const ctxLimit = Math.floor(remaining * share);
+  let ctx = remaining > 0 ? fill(ctxLines, CONTEXT_HEADER, ctxLimit, countPart) : { kept: [], tokens: 0 };
+  if (budget.truncateFirstContext === true && ctx.kept.length === 0 && ctxLines.length > 0 && remaining > 0) {
+    const cut = truncateToFit(ctxLines[0], (line) => countPart(CONTEXT_HEADER) + countPart(line) <= ctxLimit);
+    if (cut !== null) {
+      ctxLines[0] = cut;
+      ctx = fill(ctxLines, CONTEXT_HEADER, ctxLimit, countPart);
+      warnings.push(`the first retrieved context was cut to ${cut.length} of ${contextLine(0, input.contexts[0]).length} characters to fit the ${ctxLimit}-token context share`);
+    }
+  }
   const contextText = ctx.kept.length === 0 ? "" : CONTEXT_HEADER + ctx.kept.map((i) => ctxLines[i]).join("\n");
   if (ctx.kept.length < input.contexts.length) log.push(`kept ${ctx.kept.length}/${input.contexts.length} retrieved contexts`);
   const afterContext = remaining - ctx.tokens;

@@ -1,0 +1,93 @@
+// Reranking of retrieved passages, after a deeper search than the prompt needs, so the order that
+// decides what enters the context is made by a finer judge than rank fusion:
+//
+//   lexical  0.5 · cosine(query, passage) (the knowledge base's embedder) + 0.5 · coverage, where
+//            coverage is the share of the query's distinct content terms (stop words aside, unless
+//            the query has nothing else) that occur in the passage. Fusion ranks by each signal's
+//            rank alone, so a passage repeating one query word can outrank one that answers every
+//            part of the question; coverage rewards the latter. No model call (a cross-encoder
+//            needs weights this package cannot download offline).
+//   llm      a pointwise yes/no judgement by the step model ("does this passage help answer the
+//            question?"): with a constrained backend, the probability of "yes" against "no" from
+//            their log-probabilities; otherwise the parsed word (yes 1, no 0). A judgement that
+//            fails or does not parse keeps the passage's fused score, so a bad step cannot sink it.
+//
+// Ties keep the retrieval order. Every score is in [0, 1].
+import { DkiArgumentError } from "../../errors.js";
+import { STOP_WORDS, terms } from "../../memory/text-terms.js";
+import type { Embedder } from "../../memory/types.js";
+import { yesProbability, type StepRunner } from "./steps.js";
+
+export type RerankMethod = "lexical" | "llm";
+export const RERANK_METHODS: readonly RerankMethod[] = ["lexical", "llm"];
+
+export interface RerankCandidate {
+  id: string;
+  text: string;
+  /** The retrieval's score in [0, 1] (the llm method's fallback). */
+  score: number;
+}
+
+export interface Reranked {
+  method: RerankMethod;
+  /** Ids in retrieval order, then in reranked order. */
+  before: string[];
+  after: string[];
+  /** The rerank score of each id. */
+  scores: Record<string, number>;
+}
+
+export function checkRerankMethod(m: unknown, what = "rerank"): asserts m is RerankMethod | undefined {
+  if (m !== undefined && !RERANK_METHODS.includes(m as RerankMethod)) throw new DkiArgumentError(`${what} must be "lexical" or "llm", got ${JSON.stringify(m)}`);
+}
+
+/** The share of the query's distinct content terms found in the passage. */
+export function termCoverage(query: string, passage: string): number {
+  const all = [...new Set(terms(query))];
+  const content = all.filter((t) => !STOP_WORDS.has(t));
+  const q = content.length > 0 ? content : all;
+  if (q.length === 0) return 0;
+  const p = new Set(terms(passage));
+  return q.filter((t) => p.has(t)).length / q.length;
+}
+
+function cosine(a: Float32Array, b: Float32Array): number {
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i]! * b[i]!;
+    na += a[i]! * a[i]!;
+    nb += b[i]! * b[i]!;
+  }
+  return na === 0 || nb === 0 ? 0 : dot / Math.sqrt(na * nb);
+}
+
+export async function lexicalScores(query: string, candidates: readonly RerankCandidate[], embedder: Embedder): Promise<number[]> {
+  if (candidates.length === 0) return [];
+  const [qv, ...pv] = await embedder.embed([query, ...candidates.map((c) => c.text)]);
+  return candidates.map((c, i) => 0.5 * Math.max(0, cosine(qv!, pv[i]!)) + 0.5 * termCoverage(query, c.text));
+}
+
+/** Characters of a passage the llm judge reads: enough for a chunk, bounded for the step's prompt. */
+const JUDGE_PASSAGE_CHARS = 1500;
+
+export const RELEVANCE_PROMPT = (query: string, passage: string) =>
+  `Does the passage below help answer the question? Answer yes or no.\n\nQuestion: ${query}\n\nPassage: ${passage.slice(0, JUDGE_PASSAGE_CHARS)}\n\nAnswer:`;
+
+export async function llmScores(steps: StepRunner, query: string, candidates: readonly RerankCandidate[], step = "rerank"): Promise<number[]> {
+  const out: number[] = [];
+  for (const c of candidates) out.push((await yesProbability(steps, step, RELEVANCE_PROMPT(query, c.text))) ?? c.score);
+  return out;
+}
+
+/** Reorders `candidates` by the method's score (ties: retrieval order). */
+export async function rerank<C extends RerankCandidate>(method: RerankMethod, query: string, candidates: readonly C[], deps: { embedder: Embedder; steps: StepRunner }): Promise<{ ranked: C[]; trace: Reranked }> {
+  checkRerankMethod(method);
+  const scores = method === "lexical" ? await lexicalScores(query, candidates, deps.embedder) : await llmScores(deps.steps, query, candidates);
+  const order = candidates.map((c, i) => ({ c, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i);
+  return {
+    ranked: order.map((x) => x.c),
+    trace: { method, before: candidates.map((c) => c.id), after: order.map((x) => x.c.id), scores: Object.fromEntries(order.map((x) => [x.c.id, x.s])) },
+  };
+}
