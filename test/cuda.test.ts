@@ -5,7 +5,7 @@ import { spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { Model, type InjectionOptions } from "../src/engine/model.js";
+import { Model, logSoftmaxAt, type InjectionOptions } from "../src/engine/model.js";
 import { LogitsMode, native } from "../src/engine/native.js";
 import { TieredKVCache } from "../src/cache/index.js";
 import { KVBlock } from "../src/kv/kv-block.js";
@@ -166,6 +166,16 @@ describe.skipIf(!gpu)("CUDA backend", () => {
       m = await Model.load(dir, { contextSize: 128, device: "cuda" });
     });
     afterAll(() => m.dispose());
+
+    test("scoreContinuations (one prefill, then each option decoded after truncating back to the prompt) equals the log-probabilities of one prefill of prompt + option", async () => {
+      const options = [[5, 900, 31000], [77], [12, 12]];
+      const scores = await m.scoreContinuations({ tokens: prompt }, options);
+      for (const [i, c] of options.entries()) {
+        const rows = await m.logits([...prompt, ...c]);
+        const expected = c.reduce((sum, id, k) => sum + logSoftmaxAt(rows[prompt.length - 1 + k]!, id), 0);
+        expect(Math.abs(scores[i]! - expected), `option ${i}`).toBeLessThan(1e-3);
+      }
+    });
 
     test("α = 1 injection equals [memory ; prompt] as one sequence; negative equals prefix", async () => {
       const full = (await m.logits([...memory, ...prompt])).slice(memory.length);
