@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Packs what bench/gpu/run.sh needs on a GPU host that has CUDA but neither Node nor network (the
 # project's lent H100, see the brief) into .gpu-host/ (git-ignored), under the 64 MiB a call
-# may carry: Node 20 and its headers (from ../shared/gpu-host), node_modules without llama.cpp and
-# TypeScript, and the compiled dist/. Then, with the device tool:
+# may carry: Node 20 and its headers (from ../shared/gpu-host), the node_modules packages the GPU
+# tests and benchmarks load (module-closure.mjs), and the compiled dist/. Then, with the device tool:
 #
 #   carry [".gpu-host", "dist"], command:
 #   bash .gpu-host/setup.sh && tar -xJf .gpu-host/node_modules.tar.xz && CUDA_ARCH=90 bench/gpu/run.sh
@@ -12,11 +12,10 @@ src="${GPU_HOST_FILES:-../shared/gpu-host}"
 npx tsc -p tsconfig.json
 mkdir -p .gpu-host
 cp "$src"/setup.sh "$src"/node-v20-linux-x64.xz "$src"/node-v20-include.tar.xz .gpu-host/
-# Left out to fit (the checkout and these travel in 64 MiB): llama.cpp (bench comparisons only),
-# TypeScript (dist/ comes along compiled), and what only the memory, RAG and chart layers load
-# (the ONNX embedder, the PDF reader and its canvas, LMDB, jieba, hnswlib, cheerio, vega): the GPU
-# tests and benchmarks import the engine, the K/V blocks and the cache alone.
-exclude=(node-llama-cpp @node-llama-cpp typescript onnxruntime-node pdfjs-dist @napi-rs lmdb @lmdb @node-rs hnswlib-node
-  cheerio 'vega*' 'd3-*' @resvg .cache)
-tar -cJf .gpu-host/node_modules.tar.xz "${exclude[@]/#/--exclude=node_modules/}" node_modules
+# Only what the GPU steps load, to fit the 64 MiB a call carries with the checkout: the tests'
+# runner (vitest), the benchmarks' timer (tinybench), the tokenizers' packages and the addon's C++
+# headers (node-addon-api), with everything
+# they depend on; dist/ comes along compiled.
+node bench/gpu/module-closure.mjs vitest tinybench @huggingface/jinja @huggingface/tokenizers node-addon-api > .gpu-host/modules.txt
+tar -cJf .gpu-host/node_modules.tar.xz node_modules/.bin/vitest -T .gpu-host/modules.txt
 du -sh .gpu-host dist
