@@ -4,6 +4,7 @@
 import type { LanguageModelV3FinishReason, LanguageModelV3Usage, SharedV3Warning } from "@ai-sdk/provider";
 import type { FinishReason } from "../../engine/generate.js";
 import type { DKIResponse, DKISystem } from "../../dki/system.js";
+import type { LatencyBreakdown } from "../../dki/budget.js";
 import type { MemoryStoreApi } from "../../memory/types.js";
 import type { RAGResponse, RAGSystem } from "../../rag/rag-system.js";
 import type { DkiCall, PriorMessage } from "./call.js";
@@ -21,21 +22,11 @@ export interface TurnOutcome {
   metadata: TurnMetadata;
 }
 
-/** A turn's stage times in milliseconds (the engine's LatencyBreakdown). */
-export type TurnLatency = {
-  queueMs: number;
-  routingMs: number;
-  promptMs: number;
-  gatingMs: number;
-  entropyProbeMs: number;
-  kvLoadMs: { L1: number; L2: number; L3: number };
-  kvComputeMs: number;
-  prefillMs: number;
-  decodeMs: number;
-  ttftMs: number;
-  recordMs: number;
-  totalMs: number;
-};
+/**
+ * A turn's stage times in milliseconds: the systems' own breakdown, as a type alias (an
+ * interface has no implicit index signature, so it would not be assignable to the SDK's JSON).
+ */
+export type TurnLatency = { [K in keyof LatencyBreakdown]: LatencyBreakdown[K] };
 
 type MemoryMeta = { id: string; text: string; score: number; relevance: number; tokens: number };
 type Common = {

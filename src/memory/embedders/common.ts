@@ -22,3 +22,17 @@ export function unitVector(v: Float64Array): Float32Array {
   if (norm > 0) for (let i = 0; i < v.length; i++) out[i] = v[i] / norm;
   return out;
 }
+
+/** Cosine similarity of two vectors; 0 when their lengths differ or either is zero. */
+export function cosine(a: Float32Array, b: Float32Array): number {
+  if (a.length !== b.length) return 0;
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i]! * b[i]!;
+    na += a[i]! * a[i]!;
+    nb += b[i]! * b[i]!;
+  }
+  return na === 0 || nb === 0 ? 0 : dot / Math.sqrt(na * nb);
+}

@@ -4,6 +4,7 @@
 // that shapes the answer), so two users or two settings never share an answer. Bounded: expired
 // entries go first, then the oldest, past maxEntries. In memory, for the process's life.
 import { DkiArgumentError } from "../../errors.js";
+import { cosine } from "../../memory/embedders/common.js";
 
 export interface AnswerCacheOptions {
   /** Milliseconds an answer stays usable. Default 600000 (10 minutes). */
@@ -42,19 +43,6 @@ export function resolveAnswerCache(input: Partial<AnswerCacheOptions> | true): A
   if (!(Number.isInteger(c.maxEntries) && c.maxEntries >= 1)) throw new DkiArgumentError(`answerCache.maxEntries must be a positive integer, got ${String(c.maxEntries)}`);
   if (c.now !== undefined && typeof c.now !== "function") throw new DkiArgumentError("answerCache.now must be a function");
   return c;
-}
-
-function cosine(a: Float32Array, b: Float32Array): number {
-  if (a.length !== b.length) return 0;
-  let dot = 0;
-  let na = 0;
-  let nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    dot += a[i]! * b[i]!;
-    na += a[i]! * a[i]!;
-    nb += b[i]! * b[i]!;
-  }
-  return na === 0 || nb === 0 ? 0 : dot / Math.sqrt(na * nb);
 }
 
 export class SemanticAnswerCache<V> {

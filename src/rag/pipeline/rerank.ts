@@ -14,6 +14,7 @@
 //
 // Ties keep the retrieval order. Every score is in [0, 1].
 import { DkiArgumentError } from "../../errors.js";
+import { cosine } from "../../memory/embedders/common.js";
 import { STOP_WORDS, terms } from "../../memory/text-terms.js";
 import type { Embedder } from "../../memory/types.js";
 import { yesProbability, type StepRunner } from "./steps.js";
@@ -49,18 +50,6 @@ export function termCoverage(query: string, passage: string): number {
   if (q.length === 0) return 0;
   const p = new Set(terms(passage));
   return q.filter((t) => p.has(t)).length / q.length;
-}
-
-function cosine(a: Float32Array, b: Float32Array): number {
-  let dot = 0;
-  let na = 0;
-  let nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    dot += a[i]! * b[i]!;
-    na += a[i]! * a[i]!;
-    nb += b[i]! * b[i]!;
-  }
-  return na === 0 || nb === 0 ? 0 : dot / Math.sqrt(na * nb);
 }
 
 export async function lexicalScores(query: string, candidates: readonly RerankCandidate[], embedder: Embedder): Promise<number[]> {
