@@ -21,6 +21,7 @@ import { HashingEmbedder } from "../dist/src/memory/embedders/hashing.js";
 import { machine } from "./lib/machine.js";
 import { benchModel } from "./lib/models.js";
 import { writeResults } from "./lib/results.js";
+import { ndcgAt } from "../dist/src/eval/ranking.js";
 
 const arg = (name) => process.argv.find((a, i) => process.argv[i - 1] === name) ?? process.argv.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);
 const quick = process.argv.includes("--quick");
@@ -29,17 +30,6 @@ const NEW_TOKENS = 8;
 
 const corpus = JSON.parse(readFileSync(new URL("./data/rag-pipeline-corpus.json", import.meta.url), "utf8"));
 const queries = quick ? corpus.queries.slice(0, 6) : corpus.queries;
-
-function ndcgAt(k, ranked, relevant) {
-  const rel = new Set(relevant);
-  let dcg = 0;
-  ranked.slice(0, k).forEach((id, i) => {
-    if (rel.has(id)) dcg += 1 / Math.log2(i + 2);
-  });
-  let ideal = 0;
-  for (let i = 0; i < Math.min(k, rel.size); i++) ideal += 1 / Math.log2(i + 2);
-  return ideal === 0 ? 0 : dcg / ideal;
-}
 
 const CONFIGS = [
   { name: "hybrid search", opts: {} },
