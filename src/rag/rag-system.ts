@@ -19,7 +19,7 @@ import type { Segment } from "../engine/model.js";
 import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
-import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import type { Filter, MemoryStoreApi, Metadata, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
@@ -415,6 +415,12 @@ export class RAGSystem {
     r.metadata.cache = { hit: true, similarity: hit.similarity, cachedQuery: hit.query, ageMs: hit.ageMs };
     opts.onToken?.(r.text, -1);
     lat.ttftMs = performance.now() - t0;
+    await this.recordRagTurn(query, opts, r, t0, { mode: "rag", cacheHit: true, cachedQuery: hit.query, similarity: hit.similarity, collection: opts.collection ?? null });
+    return r;
+  }
+
+  /** Records a finished turn (the user row, the answer, the audit row) and times it into the response's latency. */
+  private async recordRagTurn(query: string, opts: RAGChatOptions, r: RAGResponse, t0: number, auditMetadata: Metadata): Promise<void> {
     const tr = performance.now();
     await this.store.conversations.recordTurn({
       userId: opts.userId,
@@ -425,11 +431,10 @@ export class RAGSystem {
       memoryIds: r.memoriesUsed.map((m) => m.id),
       latencyMs: tr - t0,
       auditAction: "rag_generate",
-      auditMetadata: { mode: "rag", cacheHit: true, cachedQuery: hit.query, similarity: hit.similarity, collection: opts.collection ?? null },
+      auditMetadata,
     });
-    lat.recordMs = performance.now() - tr;
-    lat.totalMs = performance.now() - t0;
-    return r;
+    r.latency.recordMs = performance.now() - tr;
+    r.latency.totalMs = performance.now() - t0;
   }
 
   /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
@@ -642,32 +647,19 @@ export class RAGSystem {
         citationQuality: opts.citations === undefined ? null : this.citationQuality(result.text, citations, used, opts.citations),
       },
     };
-    const tr = performance.now();
-    await this.store.conversations.recordTurn({
-      userId: opts.userId,
-      sessionId: opts.sessionId,
-      query,
-      response: result.text,
-      injectionMode: "rag",
-      memoryIds: memoriesUsed.map((m) => m.id),
-      latencyMs: tr - t0,
-      auditAction: "rag_generate",
-      auditMetadata: {
-        mode: "rag",
-        layout,
-        kbMode,
-        collection: collection ?? null,
-        chunkIds: chunkSources.map((s) => s.chunkId),
-        inputTokens: response.inputTokens,
-        outputTokens: response.outputTokens,
-        contextTokens,
-        injectedTokens,
-        forcedFallback: built.forcedFallback,
-        finishReason: result.finishReason,
-      },
+    await this.recordRagTurn(query, opts, response, t0, {
+      mode: "rag",
+      layout,
+      kbMode,
+      collection: collection ?? null,
+      chunkIds: chunkSources.map((s) => s.chunkId),
+      inputTokens: response.inputTokens,
+      outputTokens: response.outputTokens,
+      contextTokens,
+      injectedTokens,
+      forcedFallback: built.forcedFallback,
+      finishReason: result.finishReason,
     });
-    lat.recordMs = performance.now() - tr;
-    lat.totalMs = performance.now() - t0;
     return response;
   }
 
