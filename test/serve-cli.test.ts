@@ -6,20 +6,16 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
-import { MemoryStore } from "../src/memory/index.js";
 import { dki, dkiFails } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
-import { call, makeTinyModel, spawnServer } from "./support/serve.js";
+import { call, makeTinyModel, spawnServer, storeWithAlice } from "./support/serve.js";
 
 let model: string;
 let data: string;
 
 beforeAll(async () => {
   model = await makeTinyModel();
-  data = join(tempDir(), "data");
-  const store = await MemoryStore.open({ dir: data });
-  await store.memories.add("Alice loves hiking in the Alps.", { userId: "alice" });
-  await store.close();
+  data = await storeWithAlice();
 });
 
 describe("dki serve: the command", () => {

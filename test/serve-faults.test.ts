@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
 import type { ConversationTurn } from "../src/memory/types.js";
 import { tempDir } from "./support/paths.js";
-import { makeTinyModel, readSse, spawnServer, type ChildServer } from "./support/serve.js";
+import { makeTinyModel, readSse, spawnServer, type ChildServer, storeWithAlice } from "./support/serve.js";
 
 let model: string;
 const LONG = 3500;
@@ -17,10 +17,7 @@ beforeAll(async () => {
 });
 
 async function newStore(): Promise<string> {
-  const data = join(tempDir(), "data");
-  const store = await MemoryStore.open({ dir: data });
-  await store.memories.add("Alice loves hiking in the Alps.", { userId: "alice" });
-  await store.close();
+  const data = await storeWithAlice();
   return data;
 }
 

@@ -5,11 +5,10 @@
 import { request as httpRequest, type IncomingMessage } from "node:http";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { MemoryStore } from "../src/memory/index.js";
 import { createServer } from "../src/server/app.js";
 import { ServerSystems } from "../src/server/systems.js";
 import { tempDir } from "./support/paths.js";
-import { call, makeTinyModel, readSse, startServer, type Running } from "./support/serve.js";
+import { call, makeTinyModel, readSse, startServer, type Running, storeWithAlice } from "./support/serve.js";
 
 let model: string;
 let data: string;
@@ -17,10 +16,7 @@ const LONG = 3500; // answer tokens: a turn of a few seconds on the tiny model, 
 
 beforeAll(async () => {
   model = await makeTinyModel();
-  data = join(tempDir(), "data");
-  const store = await MemoryStore.open({ dir: data });
-  await store.memories.add("Alice loves hiking in the Alps.", { userId: "alice" });
-  await store.close();
+  data = await storeWithAlice();
 });
 
 /** A metric's value in a Prometheus text exposition (0 when absent). */

@@ -5,6 +5,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { createServer, type DkiServer, type ServerOptions } from "../../src/server/app.js";
 import { ServerSystems } from "../../src/server/systems.js";
+import { MemoryStore } from "../../src/memory/index.js";
 import { dki, dkiBin } from "./dki-bin.js";
 import { tempDir } from "./paths.js";
 
@@ -13,6 +14,15 @@ export async function makeTinyModel(): Promise<string> {
   const model = join(tempDir(), "tiny");
   await dki(["models", "make-tiny", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", model]);
   return model;
+}
+
+/** A new store (its folder returned) holding one memory of alice's, about hiking in the Alps. */
+export async function storeWithAlice(): Promise<string> {
+  const data = join(tempDir(), "data");
+  const store = await MemoryStore.open({ dir: data });
+  await store.memories.add("Alice loves hiking in the Alps.", { userId: "alice" });
+  await store.close();
+  return data;
 }
 
 export interface Running {
