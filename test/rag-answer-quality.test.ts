@@ -194,31 +194,38 @@ describe("semantic answer cache", () => {
     expect(() => resolveAnswerCache({ maxEntries: 1.5 })).toThrow(/answerCache.maxEntries must be a positive integer/);
   });
 
-  test("in RAGSystem: the same question again is answered from the cache (recorded, no tokens); another user, useCache false or an expired entry is not", async () => {
+  test("in RAGSystem: the same question with the same history is answered from the cache (recorded, no tokens); another user, another history, useCache false or an expired entry is not", async () => {
     let now = 0;
     const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, answerCache: { ttlMs: 60_000, now: () => now } });
-    const base = { sessionId: "s", maxNewTokens: 3, collection: "firms" };
-    const first = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u" });
+    const base = { maxNewTokens: 3, collection: "firms" };
+    const q = "How many engineers does Lumen Labs employ?";
+    const first = await rag.chat(q, { ...base, sessionId: "s1", userId: "u" });
     const streamed: string[] = [];
-    const again = await rag.chat("how many engineers does Lumen Labs employ", { ...base, userId: "u", onToken: (t) => streamed.push(t) });
-    const other = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "w" });
-    const skipped = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u", useCache: false });
+    // A new session: no history, as the first turn had.
+    const again = await rag.chat("how many engineers does Lumen Labs employ", { ...base, sessionId: "s2", userId: "u", onToken: (t) => streamed.push(t) });
+    // The same words in s1, after its first exchange: the prompt carries that history, so no hit.
+    const followUp = await rag.chat(q, { ...base, sessionId: "s1", userId: "u" });
+    const other = await rag.chat(q, { ...base, sessionId: "s3", userId: "w" });
+    const skipped = await rag.chat(q, { ...base, sessionId: "s4", userId: "u", useCache: false });
     now = 60_000;
-    const expired = await rag.chat("How many engineers does Lumen Labs employ?", { ...base, userId: "u" });
-    const rows = await rag.store.conversations.list({ userId: "u", sessionId: "s", limit: 20 });
+    const expired = await rag.chat(q, { ...base, sessionId: "s5", userId: "u" });
+    const answers = [];
+    for (const sessionId of ["s1", "s2", "s4", "s5"]) answers.push(...(await rag.store.conversations.list({ userId: "u", sessionId, limit: 20 })).filter((r) => r.role === "assistant"));
     const stats = rag.cacheStats();
     await rag.close();
     expect(first.metadata.cache).toEqual({ hit: false, similarity: null, cachedQuery: null, ageMs: null });
-    expect(again.metadata.cache).toMatchObject({ hit: true, cachedQuery: "How many engineers does Lumen Labs employ?", ageMs: 0 });
+    expect(again.metadata.cache).toMatchObject({ hit: true, cachedQuery: q, ageMs: 0 });
     expect(again.metadata.cache!.similarity).toBeGreaterThanOrEqual(0.95);
     expect(again.text).toBe(first.text);
     expect([again.inputTokens, again.outputTokens]).toEqual([0, 0]);
     expect(streamed).toEqual([first.text]);
+    expect(followUp.metadata.cache!.hit).toBe(false);
+    expect(followUp.inputTokens).toBeGreaterThan(first.inputTokens);
     expect(other.metadata.cache!.hit).toBe(false);
     expect(skipped.metadata.cache).toBeNull();
     expect(expired.metadata.cache!.hit).toBe(false);
-    expect(rows.filter((r) => r.role === "assistant")).toHaveLength(4);
-    expect(stats).toEqual({ hits: 1, misses: 3, entries: 1 });
+    expect(answers).toHaveLength(5);
+    expect(stats).toEqual({ hits: 1, misses: 4, entries: 1 }); // the expired ones dropped when the last was stored
     await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, answerCache: { threshold: 2 } })).rejects.toThrow(/answerCache.threshold/);
   });
 });

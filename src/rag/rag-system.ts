@@ -14,6 +14,7 @@
 // text (Prompt Cache / TurboRAG / Block-Attention). A model not trained for blocks encoded apart
 // loses the attention between chunks and sees each start with its own prefix: expect lower answer
 // quality than text on such a model.
+import { createHash } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import type { Segment } from "../engine/model.js";
 import type { FinishReason, GenerateResult } from "../engine/generate.js";
@@ -25,7 +26,7 @@ import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type L
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import type { LeftOut } from "../dki/system.js";
-import { routeMemories } from "../dki/routing.js";
+import { routeMemories, type MemoryRerank } from "../dki/routing.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
@@ -146,10 +147,11 @@ export interface CitationQuality {
   formatted: string | null;
 }
 
-/** Everything of a turn's options that shapes its answer (not the session, callbacks or signal): a cache scope. */
-function cacheScope(o: RAGChatOptions): string {
+/** Everything that shapes a turn's answer (its options and the history its prompt carries; not the session id, callbacks or signal): a cache scope. */
+function cacheScope(o: RAGChatOptions, history: readonly HistoryMessage[]): string {
+  const historyHash = createHash("sha256").update(JSON.stringify(history)).digest("hex");
   const { userId, useMemories, maxMemories, systemPrompt, maxNewTokens, sampling, stop, collection, kbMode, kbFilter, kbTopK, kbMinScore, kbMultiQuery, kbHyde, queryTransform, rerank, rerankDepth, promptMode, selfRag, adaptive, citations, emptyRetrieval } = o;
-  return JSON.stringify({ userId, useMemories, maxMemories, systemPrompt, maxNewTokens, sampling, stop, collection, kbMode, kbFilter, kbTopK, kbMinScore, kbMultiQuery, kbHyde, queryTransform, rerank, rerankDepth, promptMode, selfRag, adaptive, citations, emptyRetrieval });
+  return JSON.stringify({ historyHash, userId, useMemories, maxMemories, systemPrompt, maxNewTokens, sampling, stop, collection, kbMode, kbFilter, kbTopK, kbMinScore, kbMultiQuery, kbHyde, queryTransform, rerank, rerankDepth, promptMode, selfRag, adaptive, citations, emptyRetrieval });
 }
 
 /** One query of a batch: its response, or why it failed. */
@@ -311,6 +313,7 @@ export class RAGSystem {
     private readonly steps: ResolvedSteps,
     private readonly strategies: Record<QueryClass, Strategy>,
     private readonly answerCache: SemanticAnswerCache<RAGResponse> | null,
+    private readonly memoryRerank: MemoryRerank | undefined,
   ) {
     this.counter = tokenCounter(model.tokenizer);
   }
@@ -325,7 +328,7 @@ export class RAGSystem {
         const ownedStepModel = typeof sm === "string" ? await Model.load(sm, o.steps?.loadOptions) : null;
         const model = ownedStepModel ?? (sm instanceof Model ? sm : sm === undefined ? p.model : null);
         const steps: ResolvedSteps = { model, backend: model === null ? (sm as StepBackend) : null, timeoutMs: o.steps?.timeoutMs, owned: ownedStepModel };
-        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive), o.answerCache === undefined ? null : new SemanticAnswerCache(resolveAnswerCache(o.answerCache)));
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive), o.answerCache === undefined ? null : new SemanticAnswerCache(resolveAnswerCache(o.answerCache)), o.memoryRerank);
       },
       () => {
         checkStepsOptions(o.steps);
@@ -339,7 +342,7 @@ export class RAGSystem {
   /** The memories a turn for this query would use (seed 000 §7.3: retrieval only, nothing generated or recorded). */
   async searchMemories(query: string, scope: { userId: string }): Promise<SearchResult[]> {
     this.ledger.checkOpen();
-    return routeMemories(this.store, query, { userId: scope?.userId, limit: this.config.maxMemories });
+    return routeMemories(this.store, query, { userId: scope?.userId, limit: this.config.maxMemories, rerank: this.memoryRerank });
   }
 
   /** Turns answered and failed, and the mean latency of each stage over the answered ones (seed 000 §7.4). */
@@ -391,10 +394,11 @@ export class RAGSystem {
   /** The answer cache around a turn: a hit answers (and is recorded) without retrieval or generation. */
   private async turn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
     const cache = this.answerCache;
-    // A rewrite reads the session's history: the same words may ask something else there.
-    if (cache === null || opts.useCache === false || opts.queryTransform?.rewrite === true) return this.adaptiveTurn(query, opts, sessionWaitMs);
+    if (cache === null || opts.useCache === false) return this.adaptiveTurn(query, opts, sessionWaitMs);
     const t0 = performance.now() - sessionWaitMs;
-    const scope = cacheScope(opts);
+    // The history the prompt would carry is part of the scope: the same words after another
+    // exchange may ask something else, so a cached answer serves only the same history.
+    const scope = cacheScope(opts, await this.recentHistory(opts));
     const [vector] = await this.store.embedder.embed([query]);
     const hit = cache.lookup(scope, vector!);
     if (hit !== null) return this.cachedTurn(query, opts, hit, t0);
@@ -437,6 +441,13 @@ export class RAGSystem {
     r.latency.totalMs = performance.now() - t0;
   }
 
+  /** The session's recent messages a turn's prompt carries: the same switch and length as DKI's config (the budget then decides what fits). */
+  private async recentHistory(opts: RAGChatOptions): Promise<HistoryMessage[]> {
+    if (!this.config.historyEnabled || this.config.historyMaxMessages <= 0) return [];
+    const turns = await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages });
+    return turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
+  }
+
   /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
   private async adaptiveTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
     // One step runner per turn: every LLM step of the turn is recorded in order.
@@ -468,12 +479,10 @@ export class RAGSystem {
 
     // Retrieval: the same routing call as DKISystem's (same store, user scope and maxMemories).
     let t = performance.now();
-    const routed: SearchResult[] = opts.useMemories === false || !retrieval ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories });
+    const routed: SearchResult[] = opts.useMemories === false || !retrieval ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories, rerank: this.memoryRerank });
     // The same history switch and length as DKI's config (the budget then decides what fits).
     // Read before the knowledge-base search: a history-aware rewrite needs it.
-    const withHistory = this.config.historyEnabled && this.config.historyMaxMessages > 0;
-    const turns = withHistory ? await this.store.conversations.list({ userId: opts.userId, sessionId: opts.sessionId, limit: this.config.historyMaxMessages }) : [];
-    const history: HistoryMessage[] = turns.filter((x) => x.role === "user" || x.role === "assistant").map((x) => ({ role: x.role as "user" | "assistant", content: x.content }));
+    const history = await this.recentHistory(opts);
     const { kept, leftOut } = this.withinMemoryBudget(routed);
     const systemPrompt = withPromptMode(opts.systemPrompt ?? this.config.systemPrompt, opts.promptMode);
     const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
