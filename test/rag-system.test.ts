@@ -8,6 +8,7 @@ import { makeTinyModel } from "../src/models/make-tiny.js";
 import { DKISystem, routeMemories } from "../src/dki/index.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
 import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
+import type { Reranker } from "../src/memory/types.js";
 import { RAGSystem } from "../src/rag/rag-system.js";
 import { buildRagPrompt } from "../src/rag/prompt-builder.js";
 import { KnowledgeBase } from "../src/rag/kb/knowledge-base.js";
@@ -66,6 +67,52 @@ describe("RAGSystem", () => {
     expect(r.inputTokens).toBeGreaterThan(d.inputTokens);
     for (const m of r.memoriesUsed) expect(r.promptInfo.finalPrompt).toContain(m.text);
     for (const m of d.memoriesUsed) expect(d.metadata.hybridInjection.finalInput).not.toContain(m.text);
+  });
+
+  test("memoryRerank: both systems route the reranker's choice among a deeper search's candidates, keeping the search's scores", async () => {
+    const data = tempDir();
+    await seed(data);
+    const config = { maxMemories: 2, historyEnabled: false, preferenceEnabled: false, gating: { relevanceThreshold: 0 } };
+    // Scores by topic, whatever the query says: the routed set can only come from it.
+    const seen: number[] = [];
+    const reranker: Reranker = {
+      id: "topic",
+      score: async (_q, ps) => (seen.push(ps.length), ps.map((p) => (p.includes("ramen") ? 0.9 : p.includes("peanuts") ? 0.8 : 0.1))),
+      close: async () => {},
+    };
+    const searched = await (async () => {
+      const store = await MemoryStore.open({ dir: data });
+      try {
+        return await routeMemories(store, QUERY, { userId: "alice", limit: 5 });
+      } finally {
+        await store.close();
+      }
+    })();
+    const rag = await RAGSystem.open({ model, dataDir: data, config, openStore, memoryRerank: { reranker } });
+    const r = await rag.chat(QUERY, { userId: "alice", sessionId: "s1", maxNewTokens: 2 });
+    const routed = await rag.searchMemories(QUERY, { userId: "alice" });
+    const shallow = await routeMemories(rag.store, QUERY, { userId: "alice", limit: 2, rerank: { reranker, depth: 2 } });
+    await rag.close();
+    const dki = await DKISystem.open({ model, dataDir: data, cacheDir: tempDir(), config, openStore, memoryRerank: { reranker } });
+    const d = await dki.chat(QUERY, { userId: "alice", sessionId: "s2", maxNewTokens: 2, forceAlpha: 1 });
+    await dki.close();
+    const text = (id: string) => searched.find((x) => x.memory.id === id)!.memory.text;
+    // The search ranks hiking, peanuts, ramen (the other two share nothing with the query and are not found).
+    expect(searched.map((x) => x.memory.text)).toEqual([MEMORIES[0], MEMORIES[1], MEMORIES[4]]);
+    expect(routed.map((x) => text(x.memory.id))).toEqual([MEMORIES[4], MEMORIES[1]]);
+    expect(routed.map((x) => x.score)).toEqual(routed.map((x) => searched.find((y) => y.memory.id === x.memory.id)!.score));
+    expect(r.memoriesUsed.map((m) => m.id)).toEqual(routed.map((x) => x.memory.id));
+    expect(d.memoriesUsed.map((m) => m.id)).toEqual(routed.map((x) => x.memory.id));
+    // Depth 20 by default (all 3 the search finds), 2 when asked: the search's best 2 only.
+    expect(seen).toEqual([3, 3, 2, 3]);
+    expect(shallow.map((x) => x.memory.text)).toEqual([MEMORIES[1], MEMORIES[0]]);
+    const bad = (memoryRerank: unknown) => RAGSystem.open({ model, dataDir: tempDir(), openStore, memoryRerank: memoryRerank as never });
+    await expect(bad({ reranker: {} })).rejects.toThrow(/memoryRerank.reranker must be a Reranker/);
+    await expect(bad({ reranker, depth: 0 })).rejects.toThrow(/memoryRerank.depth must be an integer from 1 to 100, got 0/);
+    const short: Reranker = { id: "short", score: async () => [1], close: async () => {} };
+    const store = await MemoryStore.open({ dir: data });
+    await expect(routeMemories(store, QUERY, { userId: "alice", limit: 2, rerank: { reranker: short } })).rejects.toThrow(/reranker short returned 1 scores for 3 memories/);
+    await store.close();
   });
 
   test("a turn: the seed's prompt, streamed tokens, TTFT, and user/assistant/audit rows with injection_mode rag", async () => {

@@ -12,6 +12,7 @@ import type { Embedder, MemoryStoreApi } from "../memory/types.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import { addLatency, emptyLatency, meanLatency, type LatencyBreakdown } from "./budget.js";
 import { resolveConfig, type DKIConfig, type DKIConfigInput } from "./config.js";
+import { checkMemoryRerank, type MemoryRerank } from "./routing.js";
 
 /** Opens the memory store a system reads and writes (the memory layer's MemoryStore by default). */
 export type StoreOpener = (o: { dir: string; embedder?: Embedder }) => Promise<MemoryStoreApi>;
@@ -38,6 +39,8 @@ export interface SystemOpenOptions {
   config?: DKIConfigInput;
   /** Opens the store (default: MemoryStore.open). */
   openStore?: StoreOpener;
+  /** Reranks the memory search's candidates before routing keeps the best maxMemories (the caller keeps owning the reranker). */
+  memoryRerank?: MemoryRerank;
 }
 
 /** What openSystem hands the system being built. */
@@ -67,6 +70,7 @@ export async function openSystem<T, C = undefined>(who: string, o: SystemOpenOpt
   if (!(o.model instanceof Model) && (typeof o.model !== "string" || o.model === "")) throw new DkiArgumentError(`${who}.open: model must be a loaded Model or a model path`);
   // Every value checked now, before any model is loaded; resolved again once the store is open.
   resolveConfig(o.config, o.embedder);
+  checkMemoryRerank(o.memoryRerank);
   const checked = check?.() as C;
   const budgets = { ...DEFAULT_BUDGETS, ...(o.budgets ?? {}) };
   const cacheDir = o.cacheDir ?? defaultCacheDir(o.dataDir);

@@ -1,7 +1,12 @@
 // The routing step both systems run (DKI injects what it returns, the RAG baseline puts it in the
 // prompt), so a comparison of the two measures the injection and nothing else.
+//
+// With a reranker, the store's hybrid search only proposes candidates (a deeper search than the
+// turn keeps; a memory that shares no signal with the query is not among them) and the reranker, which reads the query and each memory together, decides which of
+// them reach the model and in what order. The memories keep the search's scores: gating reads
+// those, and its τ is calibrated for the embedder, not for the reranker.
 import { DkiArgumentError } from "../errors.js";
-import type { Filter, MemoryStoreApi, SearchResult } from "../memory/types.js";
+import type { Filter, MemoryStoreApi, Reranker, SearchResult } from "../memory/types.js";
 
 export interface RouteOptions {
   userId: string;
@@ -10,16 +15,42 @@ export interface RouteOptions {
   limit: number;
   filter?: Filter;
   minScore?: number;
+  rerank?: MemoryRerank;
 }
 
-/** The user's memories for a query, best first (ties by id, so the order is deterministic). */
+/** How routing reranks the search's candidates (SystemOpenOptions.memoryRerank). */
+export interface MemoryRerank {
+  reranker: Reranker;
+  /** Candidates searched and reranked before the best `limit` are kept: default max(20, 4 × limit), at most 100. */
+  depth?: number;
+}
+
+export const MAX_RERANK_DEPTH = 100;
+
+export function checkMemoryRerank(r: MemoryRerank | undefined): void {
+  if (r === undefined) return;
+  if (typeof r !== "object" || r === null || typeof r.reranker?.score !== "function") throw new DkiArgumentError("memoryRerank.reranker must be a Reranker (an object with score(query, passages))");
+  if (r.depth !== undefined && (!Number.isInteger(r.depth) || r.depth < 1 || r.depth > MAX_RERANK_DEPTH)) {
+    throw new DkiArgumentError(`memoryRerank.depth must be an integer from 1 to ${MAX_RERANK_DEPTH}, got ${String(r.depth)}`);
+  }
+}
+
+/** The user's memories for a query, best first (ties by id, so the order is deterministic; with a reranker, its order). */
 export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, query: string, o: RouteOptions): Promise<SearchResult[]> {
   if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query is empty");
   if (typeof o.userId !== "string" || o.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
   if (o.limit === 0) return [];
-  const found = await store.memories.search(query, { userId: o.userId, sessionId: o.sessionId, limit: o.limit, filter: o.filter, minScore: o.minScore });
+  const depth = o.rerank === undefined ? o.limit : Math.max(o.limit, o.rerank.depth ?? Math.min(MAX_RERANK_DEPTH, Math.max(20, 4 * o.limit)));
+  const found = await store.memories.search(query, { userId: o.userId, sessionId: o.sessionId, limit: depth, filter: o.filter, minScore: o.minScore });
   // The store searches by user structurally; a result of another user here would be its bug, and
   // injecting it would leak that user's memory: refused outright.
   for (const r of found) if (r.memory.userId !== o.userId) throw new Error(`the memory store returned memory ${r.memory.id} of another user for user ${JSON.stringify(o.userId)}`);
-  return [...found].sort((a, b) => b.score - a.score || (a.memory.id < b.memory.id ? -1 : a.memory.id > b.memory.id ? 1 : 0));
+  const ranked = [...found].sort((a, b) => b.score - a.score || (a.memory.id < b.memory.id ? -1 : a.memory.id > b.memory.id ? 1 : 0));
+  if (o.rerank === undefined || ranked.length === 0) return ranked;
+  const scores = await o.rerank.reranker.score(query, ranked.map((r) => r.memory.text));
+  if (scores.length !== ranked.length || scores.some((s) => typeof s !== "number" || Number.isNaN(s))) {
+    throw new Error(`reranker ${o.rerank.reranker.id} returned ${scores.length} scores for ${ranked.length} memories, or a score that is not a number`);
+  }
+  // Ties keep the search's order.
+  return ranked.map((r, i) => ({ r, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i).slice(0, o.limit).map((x) => x.r);
 }

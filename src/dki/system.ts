@@ -28,7 +28,7 @@ import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js"
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
-import { routeMemories } from "./routing.js";
+import { routeMemories, type MemoryRerank } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
 import { formattedTokenizer, type FormattableTokenizer } from "../recall/formatters.js";
@@ -196,6 +196,7 @@ export class DKISystem {
     readonly cache: TieredKVCache,
     readonly config: DKIConfig,
     private readonly history: HistoryProvider,
+    private readonly memoryRerank: MemoryRerank | undefined,
   ) {
     this.counter = tokenCounter(model.tokenizer);
     this.recallV4 = history instanceof RecallHistoryProvider ? history : null;
@@ -218,7 +219,7 @@ export class DKISystem {
       }
       const r = config.recall;
       const history = o.history ? o.history(store) : r.enabled && r.strategy === "summary_with_fact_call" ? new RecallHistoryProvider(store, store.embedder, r) : new FlatHistoryProvider(store);
-      return new DKISystem(p.model, p.ownsModel, store, cache, config, history);
+      return new DKISystem(p.model, p.ownsModel, store, cache, config, history, o.memoryRerank);
     });
   }
 
@@ -372,7 +373,7 @@ export class DKISystem {
     // Awaited below in every case, so a failed render is never an unhandled rejection.
     rendering.catch(() => {});
     const tr = performance.now();
-    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? c.maxMemories }) : [];
+    const routed = injectionOn ? await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? c.maxMemories, rerank: this.memoryRerank }) : [];
     lat.routingMs = performance.now() - tr;
     const prompt = await rendering;
     const prefix = this.encodingPrefix(systemPrompt, useTemplate);

@@ -24,7 +24,7 @@ import { native } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
 import { DKISystem } from "../dki/system.js";
 import type { DKIConfigInput } from "../dki/config.js";
-import { routeMemories } from "../dki/routing.js";
+import { routeMemories, type MemoryRerank } from "../dki/routing.js";
 import { detectLanguage, renderPrompt } from "../dki/prompt.js";
 import { RAGSystem } from "../rag/rag-system.js";
 import { MemoryStore } from "../memory/memory-store.js";
@@ -72,6 +72,8 @@ export interface MemoryQAOptions {
   /** A judge model (HF folder or GGUF) for LongMemEval's yes/no verdicts. */
   judge?: string;
   embedder?: Embedder;
+  /** A reranker that routing (rag and dki*, the same call) applies to the search's candidates before it keeps the top-k. */
+  memoryRerank?: MemoryRerank;
   /** After each row: rows done and to do this run. */
   onProgress?: (done: number, total: number, mode: Mode) => void;
 }
@@ -127,6 +129,8 @@ export interface RunSettings {
   contextSize: number | null;
   judge: string | null;
   embedder: string;
+  /** The routing's reranker and its depth (null: the search's order). */
+  rerank: { reranker: string; depth: number | null } | null;
   device: "cpu" | "cuda";
   dkiConfig: DKIConfigInput | null;
 }
@@ -177,6 +181,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
     contextSize: o.contextSize ?? null,
     judge: o.judge === undefined ? null : resolve(o.judge),
     embedder: o.embedder?.id ?? "hashing (default)",
+    rerank: o.memoryRerank === undefined ? null : { reranker: o.memoryRerank.reranker.id, depth: o.memoryRerank.depth ?? null },
     device: o.device ?? "cpu",
     dkiConfig: o.dkiConfig ?? null,
   };
@@ -203,7 +208,7 @@ export async function runMemoryQA(o: MemoryQAOptions): Promise<MemoryQAResult> {
       // One throwaway answer first: the first call of a process pays for the threads and caches
       // warming up, which would otherwise land in one question's TTFT.
       await model.generate({ tokens: await renderQuery(model, "Hello?") }, { maxNewTokens: 2 });
-      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, dkiConfig: o.dkiConfig, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder };
+      const ctx: RunContext = { model, judge, data, topK, alpha: o.alpha, maxAnswerTokens, memoryMaxTokens: o.memoryMaxTokens, dkiConfig: o.dkiConfig, storeDir, cacheDir: join(out, "kv-cache"), embedder: o.embedder, memoryRerank: o.memoryRerank };
       const byUser = new Map(data.conversations.map((c) => [c.userId, c]));
       for (const mode of modes) {
         const mine = todo.filter((t) => t.mode === mode);
@@ -341,6 +346,7 @@ interface RunContext {
   storeDir: string;
   cacheDir: string;
   embedder: Embedder | undefined;
+  memoryRerank: MemoryRerank | undefined;
 }
 
 type Answerer = ((q: QAQuestion, conversation: ImportedConversation) => Promise<QARow>) & { close(): Promise<void> };
@@ -397,7 +403,7 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
         return row(ctx, q, mode, { ...r, routed: kept, evidenceRecall: recall(q.evidence, kept), memoryIds: [], memoryTokens: fit.conversationTokens, blocks: 0, alpha: null, leftOut: fit.dropped });
       });
     case "rag": {
-      const rag = await RAGSystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, config: systemConfig(ctx) });
+      const rag = await RAGSystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, memoryRerank: ctx.memoryRerank, config: systemConfig(ctx) });
       return answerer(
         async (q) => {
           const routed = await rag.searchMemories(q.question, { userId: q.userId });
@@ -421,10 +427,10 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
     }
     case "dki":
     case "dki-joint": {
-      const dki = await DKISystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, config: dkiModeConfig(ctx, mode) });
+      const dki = await DKISystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, memoryRerank: ctx.memoryRerank, config: dkiModeConfig(ctx, mode) });
       return answerer(
         async (q) => {
-          const routed = await routeMemories(dki.store, q.question, { userId: q.userId, limit: ctx.topK });
+          const routed = await routeMemories(dki.store, q.question, { userId: q.userId, limit: ctx.topK, rerank: ctx.memoryRerank });
           const r = await dki.chat(q.question, { userId: q.userId, sessionId: session(q), forceAlpha: ctx.alpha, ...gen });
           return row(ctx, q, mode, {
             prediction: cleanAnswer(r.text),

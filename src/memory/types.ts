@@ -22,6 +22,13 @@ export interface Embedder {
   embed(texts: string[]): Promise<Float32Array[]>;
 }
 
+export interface Reranker {
+  readonly id: string;
+  /** Relevance of each passage to the query, in [0, 1], higher is more relevant; one score per passage, in order. */
+  score(query: string, passages: string[]): Promise<number[]>;
+  close(): Promise<void>;
+}
+
 export interface Memory {
   id: string;
   userId: string;
