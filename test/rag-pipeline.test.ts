@@ -191,6 +191,26 @@ describe("transformed retrieval (scripted backend, real knowledge base)", () => 
 describe("the steps on a generated model, in a RAGSystem turn", () => {
   const openStore = (o: { dir: string }) => MemoryStore.open(o);
 
+  test("rag.turnTimeoutMs bounds the whole turn: past it the turn rejects naming the limit and records nothing; the caller's own abort keeps its reason", async () => {
+    // A step backend that answers only when aborted, under a step timeout far above the turn's.
+    const hanging: StepBackend = {
+      complete: (_p, o) => new Promise((_, reject) => o.signal?.addEventListener("abort", () => reject(o.signal!.reason), { once: true })),
+    };
+    const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: hanging, timeoutMs: 60_000 }, rag: { turnTimeoutMs: 50 } });
+    const turn = { userId: "u", sessionId: "s", maxNewTokens: 2, collection: "firms", adaptive: true };
+    await expect(rag.chat("Who founded Lumen Labs?", turn)).rejects.toThrow("the turn took longer than 50 ms (rag.turnTimeoutMs)");
+    const stop = new AbortController();
+    const pending = rag.chat("Who founded Lumen Labs?", { ...turn, signal: stop.signal });
+    stop.abort(new Error("user pressed stop"));
+    await expect(pending).rejects.toThrow("user pressed stop");
+    const rows = await rag.store.conversations.list({ userId: "u", sessionId: "s", limit: 10 });
+    await rag.close();
+    expect(rows).toHaveLength(0);
+    for (const bad of [-1, 1.5, "60"]) {
+      await expect(RAGSystem.open({ model, dataDir: tempDir(), openStore, rag: { turnTimeoutMs: bad as number } })).rejects.toThrow(/rag.turnTimeoutMs must be a whole number of milliseconds \(0: no limit\)/);
+    }
+  });
+
   test("rewrite, decompose and step-back on the engine model: every step recorded, parsed or fallen back consistently, the turn answered", async () => {
     const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, config: { historyEnabled: true } });
     await rag.chat("Who founded Lumen Labs?", { userId: "u", sessionId: "s", maxNewTokens: 3, collection: "firms" });

@@ -20,6 +20,7 @@ import type { Segment } from "../engine/model.js";
 import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
+import { eitherSignal } from "../util/either-signal.js";
 import type { Filter, MemoryStoreApi, Metadata, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
@@ -64,9 +65,15 @@ export interface RAGConfig {
    * Default true.
    */
   enabled: boolean;
+  /**
+   * Milliseconds a whole turn may take (its wait for the session, retrieval, every LLM step and
+   * the answer), as seed 001's global request timeout; 0: no limit. Default 60000. Each LLM step
+   * also has its own (steps.timeoutMs, default 30000), after which it falls back.
+   */
+  turnTimeoutMs: number;
 }
 
-export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false, selfRag: Object.freeze({}), enabled: true });
+export const DEFAULT_RAG_CONFIG: Readonly<RAGConfig> = Object.freeze({ contextShare: 0.5, layout: "auto", kbTopK: 5, truncateFirstContext: false, selfRag: Object.freeze({}), enabled: true, turnTimeoutMs: 60_000 });
 
 /** What a turn answers, without generating, when its search found nothing (emptyRetrieval "answer"). */
 export const NO_RELEVANT_INFORMATION = "I found no relevant information to answer this question.";
@@ -381,12 +388,31 @@ export class RAGSystem {
     return out;
   }
 
-  /** One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure or abort. */
+  /**
+   * One turn: retrieve, build the prompt, generate, record. Rejects (recording nothing) on failure
+   * or abort. rag.turnTimeoutMs bounds the whole turn, its wait for the session included, as
+   * opts.signal would abort it (with stopOnAbortSignal, the answer so far comes back "aborted").
+   */
   async chat(query: string, opts: RAGChatOptions): Promise<RAGResponse> {
     return this.ledger.track(() =>
       this.ledger.count(async () => {
         checkChat(query, opts);
-        return this.sessions.run(opts.userId, opts.sessionId, opts.signal, (waitedMs) => this.turn(query, opts, waitedMs));
+        const limitMs = this.rag.turnTimeoutMs;
+        if (limitMs === 0) return this.sessions.run(opts.userId, opts.sessionId, opts.signal, (waitedMs) => this.turn(query, opts, waitedMs));
+        const timeout = new AbortController();
+        const timer = setTimeout(() => timeout.abort(new Error(`the turn took longer than ${limitMs} ms (rag.turnTimeoutMs)`)), limitMs);
+        const either = eitherSignal(opts.signal ? [opts.signal, timeout.signal] : [timeout.signal]);
+        const bounded = { ...opts, signal: either.signal };
+        try {
+          return await this.sessions.run(opts.userId, opts.sessionId, either.signal, (waitedMs) => this.turn(query, bounded, waitedMs));
+        } catch (e) {
+          // The caller's own abort stays theirs; the timeout's is named.
+          if (timeout.signal.aborted && opts.signal?.aborted !== true) throw timeout.signal.reason as Error;
+          throw e;
+        } finally {
+          clearTimeout(timer);
+          either.release();
+        }
       }),
     );
   }
@@ -750,6 +776,7 @@ export function resolveRagConfig(input: Partial<RAGConfig> = {}): RAGConfig {
   if (typeof c.truncateFirstContext !== "boolean") throw new DkiArgumentError(`rag.truncateFirstContext must be a boolean, got ${JSON.stringify(c.truncateFirstContext)}`);
   resolveSelfRag(c.selfRag);
   if (typeof c.enabled !== "boolean") throw new DkiArgumentError(`rag.enabled must be true or false, got ${JSON.stringify(c.enabled)}`);
+  if (!Number.isInteger(c.turnTimeoutMs) || c.turnTimeoutMs < 0) throw new DkiArgumentError(`rag.turnTimeoutMs must be a whole number of milliseconds (0: no limit), got ${String(c.turnTimeoutMs)}`);
   return c;
 }
 

@@ -58,7 +58,8 @@ export class ServerSystems {
       const shared = lend(store);
       const common = { model, dataDir: o.dataDir, cacheDir: o.cacheDir, embedder: store.embedder, config: o.config, openStore: async () => shared };
       dki = await DKISystem.open(common);
-      const rag = await RAGSystem.open({ ...common, knowledgeBase: kb });
+      // The server bounds every turn itself (--turn-timeout, answered 504), so RAG's own 60 s default is off.
+      const rag = await RAGSystem.open({ ...common, knowledgeBase: kb, rag: { turnTimeoutMs: 0 } });
       return new ServerSystems(model, store, dki, rag, kb, modelIdOf(o.model));
     } catch (e) {
       await dki?.close().catch(() => {});
