@@ -155,6 +155,12 @@ describe("OnnxCrossEncoder on a generated BERT cross-encoder", () => {
     await expect(encoder.score("q", "p" as unknown as string[])).rejects.toThrow(/passages must be an array/);
     await expect(OnnxCrossEncoder.load(dir, { maxLength: 65 })).rejects.toThrow(/maxLength 65 is more than the model's 64 positions/);
     await expect(OnnxCrossEncoder.load(dir, { batchSize: 0 })).rejects.toThrow(/OnnxCrossEncoder\.load: batchSize must be an integer/);
+    // [CLS] [SEP] [SEP] and one token of each text: 5 at the least.
+    await expect(OnnxCrossEncoder.load(dir, { maxLength: 4 })).rejects.toThrow(/maxLength 4 leaves no room for text next to the tokenizer's 3 special tokens/);
+    const tight = await OnnxCrossEncoder.load(dir, { maxLength: 5, threads: 1 });
+    const [s] = await tight.score("red green blue", ["one two"]); // cut to [CLS] red [SEP] one [SEP]
+    await tight.close();
+    expect(Math.abs(s - referenceCrossScore(weights, [CLS, 2417, SEP, 2028, SEP], [0, 0, 0, 1, 1]))).toBeLessThan(TOLERANCE);
   });
 });
 

@@ -84,14 +84,14 @@ export async function openModelFolder(who: string, dir: string): Promise<ModelFo
 
 /**
  * The tokens per input: the caller's (at most the model's positions), else min(fallback, the
- * model's positions); it must leave room for text beside the `specials` special tokens.
+ * model's positions); it must leave room for `minText` text tokens beside the `specials` special tokens.
  */
-export function resolveMaxLength(who: string, requested: number | undefined, maxPositions: number | null, fallback: number, specials: number): number {
+export function resolveMaxLength(who: string, requested: number | undefined, maxPositions: number | null, fallback: number, specials: number, minText = 1): number {
   if (requested !== undefined && maxPositions !== null && requested > maxPositions) {
     throw new DkiArgumentError(`${who}: maxLength ${requested} is more than the model's ${maxPositions} positions (config.json max_position_embeddings)`);
   }
   const maxLength = requested ?? Math.min(fallback, maxPositions ?? fallback);
-  if (maxLength <= specials) {
+  if (maxLength < specials + minText) {
     throw new DkiArgumentError(`${who}: maxLength ${maxLength} leaves no room for text next to the tokenizer's ${specials} special tokens`);
   }
   return maxLength;

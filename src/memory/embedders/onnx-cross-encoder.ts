@@ -73,7 +73,7 @@ export class OnnxCrossEncoder implements Reranker {
     const template = pairTemplate(tokenizer, tokenizerPath);
     const specials = template.prefix.length + template.middle.length + template.suffix.length;
     // A pair needs room for at least one token of each text.
-    const maxLength = resolveMaxLength(WHO, options.maxLength, maxPositions, DEFAULT_MAX_LENGTH, specials + 1);
+    const maxLength = resolveMaxLength(WHO, options.maxLength, maxPositions, DEFAULT_MAX_LENGTH, specials, 2);
 
     const { ort, session } = await createSession(modelPath, threads);
     try {
