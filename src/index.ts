@@ -18,6 +18,7 @@ export { ggufTokenizer, ggufTokenizerJson } from "./tokenizer/gguf-tokenizer.js"
 export { convertHfToGguf, type ConvertOptions, type GgufOutType } from "./models/convert.js";
 export { HashingEmbedder, HASHING_RELEVANCE_THRESHOLD, type HashingEmbedderOptions } from "./memory/embedders/hashing.js";
 export { OnnxEmbedder, type OnnxEmbedderOptions } from "./memory/embedders/onnx.js";
+export { OnnxCrossEncoder, type OnnxCrossEncoderOptions } from "./memory/embedders/onnx-cross-encoder.js";
 export { HttpEmbedder, firstWorkingEmbedder, type HttpEmbedderOptions, type EmbedderCandidate } from "./memory/embedders/http.js";
 export { terms } from "./memory/text-terms.js";
 export * from "./memory/index.js";

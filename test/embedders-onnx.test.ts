@@ -1,10 +1,10 @@
 // OnnxEmbedder against an independent float64 recomputation: a random-weight BERT (generated as
 // ONNX here, see test/support/tiny-bert.ts) with the real all-MiniLM-L6-v2 tokenizer is run by
-// onnxruntime through the embedder, and the same network is computed plainly below, token by
-// token, for each text alone. Agreement proves tokenisation, truncation, the model inputs,
+// onnxruntime through the embedder, and the same network is computed plainly
+// (test/support/tiny-bert-reference.ts), token by token, for each text alone. Agreement proves tokenisation, truncation, the model inputs,
 // padding and masking across a batch, mean pooling and normalisation together.
 import { createHash } from "node:crypto";
-import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -12,78 +12,12 @@ import { OnnxEmbedder } from "../src/memory/embedders/onnx.js";
 import { DkiArgumentError, FormatError } from "../src/errors.js";
 import { DataType, writeOnnxModel, type OnnxGraph } from "./support/onnx-writer.js";
 import { fixtures, maxAbsDiff, tempDir } from "./support/paths.js";
-import { TINY_BERT_DEFAULTS, tinyBertOnnx, tinyBertWeights, type TinyBertWeights } from "./support/tiny-bert.js";
+import { TINY_BERT_DEFAULTS, tinyBertOnnx, tinyBertWeights, writeModelFolder, type ModelFolderOptions } from "./support/tiny-bert.js";
+import { erf, referenceEmbedding } from "./support/tiny-bert-reference.js";
 
 const tokenizerDir = join(fixtures, "minilm-tokenizer");
 const CLS = 101; // bert-base-uncased's [CLS] and [SEP], fixed by its vocabulary
 const SEP = 102;
-
-// ---- the reference: the same BERT in float64, one unpadded text at a time ----
-
-/** erf to ~1e-9: its Maclaurin series below 3, the asymptotic series of erfc above. */
-function erf(x: number): number {
-  const ax = Math.abs(x);
-  if (ax < 3) {
-    let term = ax;
-    let sum = ax;
-    for (let n = 1; n < 80; n++) {
-      term *= (-ax * ax) / n;
-      sum += term / (2 * n + 1);
-    }
-    return Math.sign(x) * (2 / Math.sqrt(Math.PI)) * sum;
-  }
-  const x2 = ax * ax;
-  const erfc = (Math.exp(-x2) / (ax * Math.sqrt(Math.PI))) * (1 - 1 / (2 * x2) + 3 / (4 * x2 * x2) - 15 / (8 * x2 ** 3) + 105 / (16 * x2 ** 4));
-  return Math.sign(x) * (1 - erfc);
-}
-
-type Matrix = number[][]; // [tokens][features]
-
-const linear = (x: Matrix, w: Float32Array, b: Float32Array, nOut: number): Matrix =>
-  x.map((row) => Array.from({ length: nOut }, (_, o) => row.reduce((s, v, i) => s + v * w[i * nOut + o], b[o])));
-
-function layerNorm(x: Matrix, g: Float32Array, b: Float32Array, eps: number): Matrix {
-  return x.map((row) => {
-    const mean = row.reduce((s, v) => s + v, 0) / row.length;
-    const variance = row.reduce((s, v) => s + (v - mean) ** 2, 0) / row.length;
-    return row.map((v, i) => ((v - mean) / Math.sqrt(variance + eps)) * g[i] + b[i]);
-  });
-}
-
-const addRows = (a: Matrix, b: Matrix): Matrix => a.map((row, t) => row.map((v, i) => v + b[t][i]));
-
-function referenceEmbedding(w: TinyBertWeights, ids: number[]): number[] {
-  const c = w.config;
-  const H = c.hidden;
-  const hd = H / c.heads;
-  let x: Matrix = ids.map((id, t) => Array.from({ length: H }, (_, d) => w.wordEmb[id * H + d] + w.posEmb[t * H + d] + w.typeEmb[d]));
-  x = layerNorm(x, w.embLnG, w.embLnB, c.eps);
-  for (const L of w.layers) {
-    const q = linear(x, L.wq, L.bq, H);
-    const k = linear(x, L.wk, L.bk, H);
-    const v = linear(x, L.wv, L.bv, H);
-    const ctx: Matrix = x.map(() => new Array<number>(H).fill(0));
-    for (let h = 0; h < c.heads; h++) {
-      for (let i = 0; i < ids.length; i++) {
-        const scores = ids.map((_, j) => {
-          let s = 0;
-          for (let d = 0; d < hd; d++) s += q[i][h * hd + d] * k[j][h * hd + d];
-          return s / Math.sqrt(hd);
-        });
-        const top = Math.max(...scores);
-        const e = scores.map((s) => Math.exp(s - top));
-        const z = e.reduce((a, b) => a + b, 0);
-        for (let j = 0; j < ids.length; j++) for (let d = 0; d < hd; d++) ctx[i][h * hd + d] += (e[j] / z) * v[j][h * hd + d];
-      }
-    }
-    const x1 = layerNorm(addRows(linear(ctx, L.wo, L.bo, H), x), L.ln1g, L.ln1b, c.eps);
-    const gelu = linear(x1, L.w1, L.b1, c.intermediate).map((row) => row.map((h) => 0.5 * h * (1 + erf(h / Math.SQRT2))));
-    x = layerNorm(addRows(linear(gelu, L.w2, L.b2, H), x1), L.ln2g, L.ln2b, c.eps);
-  }
-  const mean = Array.from({ length: H }, (_, d) => x.reduce((s, row) => s + row[d], 0) / x.length);
-  const norm = Math.hypot(...mean);
-  return mean.map((v) => v / norm);
-}
 
 // ---- fixtures ----
 
@@ -95,17 +29,7 @@ const hf = new HfTokenizer(
 const referenceIds = (text: string, maxLength: number) => [CLS, ...hf.encode(text, { add_special_tokens: false }).ids.slice(0, maxLength - 2), SEP];
 
 /** A model folder: the MiniLM tokenizer files, config.json with the model's positions, and model bytes. */
-function modelFolder(name: string, model: Uint8Array | null, opts: { maxPositions?: number | null; tokenizer?: boolean; subdir?: boolean } = {}): string {
-  const dir = join(tempDir("dki-onnx-"), name);
-  mkdirSync(join(dir, "onnx"), { recursive: true });
-  if (opts.tokenizer ?? true) for (const f of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(tokenizerDir, f), join(dir, f));
-  const config = JSON.parse(readFileSync(join(tokenizerDir, "config.json"), "utf8")) as Record<string, unknown>;
-  if (opts.maxPositions === null) delete config.max_position_embeddings;
-  else config.max_position_embeddings = opts.maxPositions ?? TINY_BERT_DEFAULTS.maxPositions;
-  writeFileSync(join(dir, "config.json"), JSON.stringify(config));
-  if (model) writeFileSync(opts.subdir ? join(dir, "onnx", "model.onnx") : join(dir, "model.onnx"), model);
-  return dir;
-}
+const modelFolder = (name: string, model: Uint8Array | null, opts: ModelFolderOptions = {}): string => writeModelFolder(join(tempDir("dki-onnx-"), name), model, opts);
 
 const ENGLISH = [
   "The user prefers green tea in the morning.",

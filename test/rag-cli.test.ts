@@ -9,6 +9,7 @@ import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { dki, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
+import { writeTinyCrossEncoderFolder } from "./support/tiny-bert.js";
 
 let model: string;
 let data: string;
@@ -68,6 +69,21 @@ describe("dki rag", () => {
     expect(none.stdout).toBe("I found no relevant information to answer this question.\n");
     const text = await dki(["rag", ...base, "--step-back", "--query", "How many vacation days?"]);
     expect(text.stderr).toMatch(/\| searched: "How many vacation days\?"/);
+  });
+
+  test("--rerank cross-encoder --rerank-model DIR: the collection's results reranked by the cross-encoder folder; the two flags go together", async () => {
+    const xenc = writeTinyCrossEncoderFolder(join(tempDir(), "xenc"), 21);
+    const base = ["--model", model, "--data", data, "--user", "alice", "--max-tokens", "2", "--threads", "1", "--no-memory", "--collection", "hb"];
+    const r = JSON.parse((await dki(["rag", ...base, "--rerank", "cross-encoder", "--rerank-model", xenc, "--top-k", "1", "--query", "How many vacation days and garage spaces?", "--format", "json"])).stdout);
+    const rr = r.metadata.pipeline.rerank;
+    expect(rr.method).toBe("cross-encoder");
+    expect(rr.before.length).toBeGreaterThan(1); // both sections match: there is an order to make
+    for (const id of rr.after) expect(rr.scores[id] > 0 && rr.scores[id] < 1).toBe(true);
+    expect(r.sources[0].chunk_id).toBe(rr.after[0]);
+    expect(await dkiFails(["rag", ...base, "--rerank-model", xenc, "--query", "q"])).toMatch(/--rerank-model needs --rerank cross-encoder/);
+    expect(await dkiFails(["rag", ...base, "--rerank", "lexical", "--rerank-model", xenc, "--query", "q"])).toMatch(/--rerank-model needs --rerank cross-encoder/);
+    expect(await dkiFails(["rag", ...base, "--rerank", "cross-encoder", "--query", "q"])).toMatch(/--rerank cross-encoder needs --rerank-model DIR/);
+    expect(await dkiFails(["rag", ...base, "--rerank", "cross-encoder", "--rerank-model", join(xenc, "nowhere"), "--query", "q"])).toMatch(/OnnxCrossEncoder\.load: .*nowhere is not a folder/);
   });
 
   test("bad flags are refused by name", async () => {

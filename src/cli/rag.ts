@@ -1,9 +1,11 @@
 // `dki rag` (and `dki chat --mode rag`): the RAG baseline from the command line, on the same store
 // as `dki chat`, optionally over a knowledge-base collection (chunks as prompt text, or as K/V with
 // --kb-mode kv). With --query it answers once (text streamed, or the RAGResponse as JSON with
-// snake_case keys, like `dki chat`'s); without it, an interactive session.
+// snake_case keys, like `dki chat`'s); without it, an interactive session. `--rerank
+// cross-encoder --rerank-model DIR` loads a cross-encoder ONNX folder for the turns' rerank.
 import type { Command } from "commander";
 import type { Filter } from "../memory/types.js";
+import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
 import { sourceLabel } from "../rag/citations.js";
 import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { RAGSystem, type KbMode, type RAGChatOptions, type RAGResponse } from "../rag/rag-system.js";
@@ -31,6 +33,7 @@ export interface RagFlags extends TurnFlags {
   stepTimeout?: number;
   rerank?: RerankMethod;
   rerankDepth?: number;
+  rerankModel?: string;
   promptMode?: PromptMode;
   selfRag?: boolean;
   adaptive?: boolean;
@@ -60,6 +63,9 @@ function checkFlags(flags: RagFlags): void {
   // commander sets iterative to true by default (--no-iterative): only false is the user's.
   if (flags.iterative === false && flags.decompose === undefined) throw new Error("--no-iterative needs --decompose");
   if (flags.rerankDepth !== undefined && flags.rerank === undefined) throw new Error("--rerank-depth needs --rerank");
+  // The model and the method go together: a model without the method would be loaded for nothing.
+  if (flags.rerankModel !== undefined && flags.rerank !== "cross-encoder") throw new Error("--rerank-model needs --rerank cross-encoder");
+  if (flags.rerank === "cross-encoder" && flags.rerankModel === undefined) throw new Error("--rerank cross-encoder needs --rerank-model DIR (a cross-encoder ONNX folder)");
 }
 
 /** The query transformations the flags ask for; undefined when none (the turn is the baseline's). */
@@ -79,10 +85,12 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   const embedder = await embedderOption(flags.embedder);
   const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder, mustExist: true });
   let system: RAGSystem | null = null;
+  let reranker: OnnxCrossEncoder | null = null;
   try {
     // As the turns will search it: as --user (another tenant's collection is not found).
     if (kb !== null && flags.collection !== undefined) kb.forUser(flags.user).getCollection(flags.collection);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout } });
+    if (flags.rerankModel !== undefined) reranker = await OnnxCrossEncoder.load(flags.rerankModel);
+    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout }, reranker: reranker ?? undefined });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
@@ -105,7 +113,11 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
     try {
       await system?.close();
     } finally {
-      await kb?.close();
+      try {
+        await reranker?.close();
+      } finally {
+        await kb?.close();
+      }
     }
   }
 }
@@ -123,7 +135,8 @@ export function ragOptions(c: Command): Command {
     .option("--decompose <n>", "split a multi-hop question into at most N sub-queries (2-5), retrieved one after the other (an LLM step)", intOption("--decompose", 2, 5))
     .option("--no-iterative", "with --decompose: search each sub-query as written, not refined with what the earlier ones found")
     .option("--step-back", "also search a more general (step-back) question written by the model")
-    .option("--rerank <method>", "rerank the collection's results: lexical (cosine + query-term coverage, no model call) or llm (the step model judges each passage yes/no)", choiceOption("--rerank", RERANK_METHODS))
+    .option("--rerank <method>", "rerank the collection's results: lexical (cosine + query-term coverage, no model call), llm (the step model judges each passage yes/no) or cross-encoder (the --rerank-model scores each query-passage pair)", choiceOption("--rerank", RERANK_METHODS))
+    .option("--rerank-model <dir>", "with --rerank cross-encoder: a cross-encoder ONNX folder (model.onnx or onnx/model.onnx, tokenizer.json, config.json), e.g. an export of cross-encoder/ms-marco-MiniLM-L-6-v2")
     .option("--rerank-depth <n>", "results searched and reranked before the best --top-k are kept (default max(20, 4 × top-k))", intOption("--rerank-depth", 1, 100))
     .option("--prompt-mode <mode>", "simple, advanced (combine and cite blocks) or precise (only what the context states, every sentence cited)", choiceOption("--prompt-mode", PROMPT_MODES))
     .option("--self-rag", "Self-RAG: the model decides whether to search, grades the passages and its answer, and reformulates (at most 3 rounds); the answer is printed once accepted")

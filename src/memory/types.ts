@@ -22,6 +22,10 @@ export interface Embedder {
   embed(texts: string[]): Promise<Float32Array[]>;
 }
 
+/**
+ * Scores how relevant passages are to a query, reading each pair together (a cross-encoder),
+ * finer than comparing two vectors made apart. `id` names the model, as Embedder.id does.
+ */
 export interface Reranker {
   readonly id: string;
   /** Relevance of each passage to the query, in [0, 1], higher is more relevant; one score per passage, in order. */

@@ -13,7 +13,7 @@ export { parseRewrites, RRF_K, type KbSearchOptions, type KbSearchResult, type K
 export { ModelStepBackend, StepRunner, parseChoice, yesProbability, DEFAULT_STEP_TIMEOUT_MS, type StepBackend, type StepRecord, type StepRunnerOptions, type ChoiceResult, type CompleteOptions } from "./pipeline/steps.js";
 export { rewriteQuery, decomposeQuery, stepBackQuery, refineSubQuery, parseSingleQuery, parseSubQueries, type QueryTransformOptions, type TransformHistory } from "./pipeline/query-transform.js";
 export { retrieveTransformed, interleave, type RetrievalHop, type TransformedRetrieval, type Searcher } from "./pipeline/transformed-retrieval.js";
-export { rerank, lexicalScores, llmScores, termCoverage, RERANK_METHODS, type RerankMethod, type RerankCandidate, type Reranked } from "./pipeline/rerank.js";
+export { rerank, lexicalScores, llmScores, crossEncoderScores, termCoverage, RERANK_METHODS, type RerankMethod, type RerankCandidate, type Reranked, type RerankDeps } from "./pipeline/rerank.js";
 export { withPromptMode, PROMPT_MODES, PROMPT_MODE_INSTRUCTIONS, type PromptMode } from "./pipeline/prompt-modes.js";
 export { runSelfRag, resolveSelfRag, DEFAULT_SELF_RAG, ANSWER_DIMENSIONS, type SelfRagConfig, type SelfRagTrace, type SelfRagRound, type SelfRagDeps, type SelfRagResult, type AnswerDimension } from "./pipeline/self-rag.js";
 export { classifyQuery, resolveStrategies, StrategyLedger, DEFAULT_STRATEGIES, QUERY_CLASSES, STRATEGIES, type QueryClass, type Strategy, type StrategyStats } from "./pipeline/adaptive.js";

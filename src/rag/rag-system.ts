@@ -21,7 +21,7 @@ import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
 import { eitherSignal } from "../util/either-signal.js";
-import type { Filter, MemoryStoreApi, Metadata, SearchResult } from "../memory/types.js";
+import type { Filter, MemoryStoreApi, Metadata, Reranker, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
@@ -97,6 +97,12 @@ export interface RAGSystemOptions extends SystemOpenOptions {
   adaptive?: Partial<Record<QueryClass, Strategy>>;
   /** A semantic answer cache with a time to live (true: the defaults; see answer-cache.ts). Default: none. */
   answerCache?: true | Partial<AnswerCacheOptions>;
+  /**
+   * What turns with `rerank: "cross-encoder"` score knowledge-base passages with, e.g.
+   * OnnxCrossEncoder.load(dir) (memoryRerank is the memories'; the same reranker may serve both).
+   * The caller keeps owning it (the system does not close it). Default: none, and such turns are refused.
+   */
+  reranker?: Reranker;
 }
 
 export interface StepsOptions {
@@ -125,7 +131,7 @@ export interface RAGChatOptions extends TurnOptions {
   kbHyde?: boolean;
   /** Query transformations before the knowledge-base search (needs a collection): rewrite, decompose, step-back. */
   queryTransform?: QueryTransformOptions;
-  /** Rerank the knowledge-base results (needs a collection): "lexical" (no model call) or "llm" (the step model's yes/no judgement). */
+  /** Rerank the knowledge-base results (needs a collection): "lexical" (no model call), "llm" (the step model's yes/no judgement) or "cross-encoder" (the system's reranker). */
   rerank?: RerankMethod;
   /** With rerank: how many results are searched and reranked before the best kbTopK are kept. Default max(20, 4 × kbTopK), at most 100. */
   rerankDepth?: number;
@@ -321,6 +327,7 @@ export class RAGSystem {
     private readonly strategies: Record<QueryClass, Strategy>,
     private readonly answerCache: SemanticAnswerCache<RAGResponse> | null,
     private readonly memoryRerank: MemoryRerank | undefined,
+    private readonly reranker: Reranker | null,
   ) {
     this.counter = tokenCounter(model.tokenizer);
   }
@@ -335,12 +342,15 @@ export class RAGSystem {
         const ownedStepModel = typeof sm === "string" ? await Model.load(sm, o.steps?.loadOptions) : null;
         const model = ownedStepModel ?? (sm instanceof Model ? sm : sm === undefined ? p.model : null);
         const steps: ResolvedSteps = { model, backend: model === null ? (sm as StepBackend) : null, timeoutMs: o.steps?.timeoutMs, owned: ownedStepModel };
-        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive), o.answerCache === undefined ? null : new SemanticAnswerCache(resolveAnswerCache(o.answerCache)), o.memoryRerank);
+        return new RAGSystem(p.model, p.ownsModel, store, config, rag, o.knowledgeBase ?? null, p.cacheDir, p.budgets, steps, resolveStrategies(o.adaptive), o.answerCache === undefined ? null : new SemanticAnswerCache(resolveAnswerCache(o.answerCache)), o.memoryRerank, o.reranker ?? null);
       },
       () => {
         checkStepsOptions(o.steps);
         resolveStrategies(o.adaptive);
         if (o.answerCache !== undefined) resolveAnswerCache(o.answerCache);
+        if (o.reranker !== undefined && (o.reranker === null || typeof o.reranker !== "object" || typeof o.reranker.score !== "function")) {
+          throw new DkiArgumentError("reranker must be a Reranker: an object with score(query, passages), e.g. OnnxCrossEncoder.load(dir)");
+        }
         return resolveRagConfig(o.rag);
       },
     );
@@ -397,6 +407,9 @@ export class RAGSystem {
     return this.ledger.track(() =>
       this.ledger.count(async () => {
         checkChat(query, opts);
+        if (opts.rerank === "cross-encoder" && this.reranker === null) {
+          throw new DkiArgumentError('rerank "cross-encoder" needs a reranker: open the RAGSystem with one (RAGSystem.open({ reranker: await OnnxCrossEncoder.load(dir) }))');
+        }
         const limitMs = this.rag.turnTimeoutMs;
         if (limitMs === 0) return this.sessions.run(opts.userId, opts.sessionId, opts.signal, (waitedMs) => this.turn(query, opts, waitedMs));
         const timeout = new AbortController();
@@ -579,7 +592,7 @@ export class RAGSystem {
         let results = r.results;
         let reranked: Reranked | null = null;
         if (opts.rerank !== undefined) {
-          const rr = await rerank(opts.rerank, r.query, results.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: rerankEmbedder, steps });
+          const rr = await rerank(opts.rerank, r.query, results.map((x) => ({ id: x.chunk.id, text: x.chunk.text, score: x.score, result: x })), { embedder: rerankEmbedder, steps, reranker: this.reranker });
           results = rr.ranked.slice(0, limit).map((c) => c.result);
           reranked = rr.trace;
         }

@@ -245,6 +245,19 @@ export class Tokenizer {
     return ids;
   }
 
+  /**
+   * A pair of texts as one input, the way a cross-encoder reads a query and a passage: the
+   * post-processor's pair template puts its special tokens around and between them (BERT:
+   * [CLS] a [SEP] b [SEP]). `typeIds` are the template's segment ids. Throws what the tokenizer
+   * throws for a post-processor without a pair template.
+   */
+  encodePair(a: string, b: string): { ids: number[]; typeIds: number[] } {
+    if (typeof a !== "string" || typeof b !== "string") throw new DkiArgumentError("encodePair: both texts must be strings");
+    const e = this.hf.encode(a, { text_pair: b, add_special_tokens: true, return_token_type_ids: true });
+    if (e.ids.includes(undefined as unknown as number)) throw new DkiArgumentError("encodePair: a piece of the pair has no token in this tokenizer, and it names no unknown token");
+    return { ids: e.ids, typeIds: e.token_type_ids };
+  }
+
   decode(ids: ArrayLike<number>, opts: DecodeOptions = {}): string {
     return this.decodeRaw(this.checkIds(ids), opts.skipSpecialTokens ?? false, undefined);
   }

@@ -1,10 +1,11 @@
 // A BERT encoder with random weights as an ONNX graph, in the layout of the sentence-transformers
 // exports (inputs input_ids / attention_mask / token_type_ids, output last_hidden_state), small
-// enough to generate in every test run. The weights come back too, so a test can recompute the
-// same network independently.
+// enough to generate in every test run; and the same encoder as a cross-encoder (BERT's pooler
+// and a classifier head, output logits), as Hugging Face exports sequence-classification models.
+// The weights come back too, so a test can recompute the same network independently.
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { DataType, writeOnnxModel, type OnnxNode, type OnnxTensor } from "./onnx-writer.js";
+import { DataType, writeOnnxModel, type OnnxNode, type OnnxTensor, type OnnxValueInfo } from "./onnx-writer.js";
 import { fixtures } from "./paths.js";
 import { prng } from "./prng.js";
 
@@ -86,22 +87,59 @@ export function tinyBertWeights(seed: number, config: TinyBertConfig): TinyBertW
   };
 }
 
+/** A graph under construction: its nodes and initialisers, and helpers that append to them. */
+class GraphBuilder {
+  readonly nodes: OnnxNode[] = [];
+  readonly inits: OnnxTensor[] = [];
+
+  f32(name: string, dims: number[], data: ArrayLike<number>): void {
+    this.inits.push({ name, dims, type: DataType.FLOAT, data });
+  }
+
+  i64(name: string, dims: number[], data: number[]): void {
+    this.inits.push({ name, dims, type: DataType.INT64, data });
+  }
+
+  /** Appends a node with one output; returns the output's name. */
+  node(op: string, inputs: string[], output: string, attributes?: OnnxNode["attributes"]): string {
+    this.nodes.push({ op, inputs, outputs: [output], attributes });
+    return output;
+  }
+
+  /** x·W + b. */
+  linear(x: string, w: string, b: string, out: string): string {
+    return this.node("Add", [this.node("MatMul", [x, w], `${out}_mm`), b], out);
+  }
+}
+
+const tokenInput = (name: string): OnnxValueInfo => ({ name, type: DataType.INT64, shape: ["batch", "sequence"] });
+const tokenInputs = (withTypes: boolean) => [tokenInput("input_ids"), tokenInput("attention_mask"), ...(withTypes ? [tokenInput("token_type_ids")] : [])];
+
 /** The ONNX model of `weights` (opset 17: LayerNormalization, Erf-based GELU). */
 export function tinyBertOnnx(weights: TinyBertWeights, opts: { tokenTypeIds?: boolean } = {}): Uint8Array {
-  const { config: c } = weights;
   const withTypes = opts.tokenTypeIds ?? true;
+  const g = new GraphBuilder();
+  const hidden = encoderNodes(g, weights, withTypes);
+  g.nodes.push({ op: "Identity", inputs: [hidden], outputs: ["last_hidden_state"] });
+  return writeOnnxModel({
+    name: "tiny_bert",
+    nodes: g.nodes,
+    initializers: g.inits,
+    inputs: tokenInputs(withTypes),
+    outputs: [{ name: "last_hidden_state", type: DataType.FLOAT, shape: ["batch", "sequence", weights.config.hidden] }],
+  });
+}
+
+/** The encoder's nodes in `g`; returns the name of its last hidden state [batch, sequence, hidden]. */
+function encoderNodes(g: GraphBuilder, weights: TinyBertWeights, withTypes: boolean): string {
+  const { config: c } = weights;
   const headDim = c.hidden / c.heads;
-  const nodes: OnnxNode[] = [];
-  const inits: OnnxTensor[] = [];
-  const f32 = (name: string, dims: number[], data: ArrayLike<number>) => inits.push({ name, dims, type: DataType.FLOAT, data });
-  const i64 = (name: string, dims: number[], data: number[]) => inits.push({ name, dims, type: DataType.INT64, data });
-  const node = (op: string, inputs: string[], output: string, attributes?: OnnxNode["attributes"]) => {
-    nodes.push({ op, inputs, outputs: [output], attributes });
-    return output;
-  };
+  const f32 = g.f32.bind(g);
+  const i64 = g.i64.bind(g);
+  const node = g.node.bind(g);
   const layerNorm = (x: string, g: string, b: string, out: string) =>
     node("LayerNormalization", [x, g, b], out, { axis: { kind: "int", value: -1 }, epsilon: { kind: "float", value: c.eps } });
-  const linear = (x: string, w: string, b: string, out: string) => node("Add", [node("MatMul", [x, w], `${out}_mm`), b], out);
+  const linear = g.linear.bind(g);
 
   // Embeddings: word + position + token type, then LayerNorm.
   f32("word_emb", [c.vocab, c.hidden], weights.wordEmb);
@@ -170,16 +208,79 @@ export function tinyBertOnnx(weights: TinyBertWeights, opts: { tokenTypeIds?: bo
     const ffnOut = linear(gelu, p + "w2", p + "b2", p + "ffn_o");
     x = layerNorm(node("Add", [ffnOut, x1], p + "res2"), p + "ln2g", p + "ln2b", p + "x2");
   });
-  nodes.push({ op: "Identity", inputs: [x], outputs: ["last_hidden_state"] });
+  return x;
+}
 
-  const tokenInput = (name: string) => ({ name, type: DataType.INT64, shape: ["batch", "sequence"] });
+/** A cross-encoder: the encoder, BERT's pooler and a classifier of `labels` logits. */
+export interface TinyCrossEncoderWeights extends TinyBertWeights {
+  poolW: Float32Array; // [hidden, hidden]
+  poolB: Float32Array; // [hidden]
+  clsW: Float32Array; // [hidden, labels]
+  clsB: Float32Array; // [labels]
+  labels: number;
+}
+
+export function tinyCrossEncoderWeights(seed: number, config: TinyBertConfig, labels: number): TinyCrossEncoderWeights {
+  const encoder = tinyBertWeights(seed, config);
+  const rand = prng(seed + 1000);
+  const uniform = (n: number, scale: number) => Float32Array.from({ length: n }, () => (rand() * 2 - 1) * scale);
+  const h = config.hidden;
+  // The pooler's tanh stays away from saturation; the classifier gives logits of order 1, so the
+  // scores spread over (0, 1) instead of all sitting at 0 or 1.
+  return { ...encoder, poolW: uniform(h * h, 1.5 / Math.sqrt(h)), poolB: uniform(h, 0.1), clsW: uniform(h * labels, 3 / Math.sqrt(h)), clsB: uniform(labels, 0.1), labels };
+}
+
+/**
+ * The ONNX model of a cross-encoder, as BertForSequenceClassification exports: the encoder, then
+ * the pooler (dense + tanh on the first token, [CLS]) and a linear classifier to `logits`
+ * [batch, labels].
+ */
+export function tinyCrossEncoderOnnx(weights: TinyCrossEncoderWeights, opts: { tokenTypeIds?: boolean } = {}): Uint8Array {
+  const withTypes = opts.tokenTypeIds ?? true;
+  const h = weights.config.hidden;
+  const g = new GraphBuilder();
+  const hidden = encoderNodes(g, weights, withTypes);
+  g.f32("pool_w", [h, h], weights.poolW);
+  g.f32("pool_b", [h], weights.poolB);
+  g.f32("cls_w", [h, weights.labels], weights.clsW);
+  g.f32("cls_b", [weights.labels], weights.clsB);
+  // The first token of every row: a scalar index on the sequence axis drops it, [batch, hidden].
+  const first = g.node("Gather", [hidden, "zero"], "first_token", { axis: { kind: "int", value: 1 } });
+  const pooled = g.node("Tanh", [g.linear(first, "pool_w", "pool_b", "pooled_lin")], "pooled");
+  g.linear(pooled, "cls_w", "cls_b", "logits");
   return writeOnnxModel({
-    name: "tiny_bert",
-    nodes,
-    initializers: inits,
-    inputs: [tokenInput("input_ids"), tokenInput("attention_mask"), ...(withTypes ? [tokenInput("token_type_ids")] : [])],
-    outputs: [{ name: "last_hidden_state", type: DataType.FLOAT, shape: ["batch", "sequence", c.hidden] }],
+    name: "tiny_cross_encoder",
+    nodes: g.nodes,
+    initializers: g.inits,
+    inputs: tokenInputs(withTypes),
+    outputs: [{ name: "logits", type: DataType.FLOAT, shape: ["batch", weights.labels] }],
   });
+}
+
+export interface ModelFolderOptions {
+  /** config.json's max_position_embeddings: default the generated model's positions; null leaves it out. */
+  maxPositions?: number | null;
+  /** Write the tokenizer files (default true). */
+  tokenizer?: boolean;
+  /** The model as onnx/model.onnx instead of model.onnx. */
+  subdir?: boolean;
+}
+
+/**
+ * A model folder in the layout of Hugging Face exports: the real all-MiniLM-L6-v2 tokenizer files
+ * of test/fixtures (bert-base-uncased's WordPiece, with a BERT pair template), its config.json
+ * with the generated model's positions, and `model` as model.onnx (null: no model file).
+ */
+export function writeModelFolder(dir: string, model: Uint8Array | null, opts: ModelFolderOptions = {}): string {
+  const tokenizerDir = join(fixtures, "minilm-tokenizer");
+  mkdirSync(join(dir, "onnx"), { recursive: true });
+  if (opts.tokenizer ?? true) for (const f of ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]) copyFileSync(join(tokenizerDir, f), join(dir, f));
+  const config = JSON.parse(readFileSync(join(tokenizerDir, "config.json"), "utf8")) as Record<string, unknown>;
+  if (opts.maxPositions === null) delete config.max_position_embeddings;
+  else config.max_position_embeddings = opts.maxPositions ?? TINY_BERT_DEFAULTS.maxPositions;
+  writeFileSync(join(dir, "config.json"), JSON.stringify(config));
+  if (model) writeFileSync(opts.subdir ? join(dir, "onnx", "model.onnx") : join(dir, "model.onnx"), model);
+  return dir;
 }
 
 /**
@@ -187,11 +288,10 @@ export function tinyBertOnnx(weights: TinyBertWeights, opts: { tokenTypeIds?: bo
  * model.onnx beside the real all-MiniLM-L6-v2 tokenizer files of test/fixtures. Returns `dir`.
  */
 export function writeTinyBertFolder(dir: string, seed: number): string {
-  const tokenizerDir = join(fixtures, "minilm-tokenizer");
-  mkdirSync(dir, { recursive: true });
-  for (const f of ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]) copyFileSync(join(tokenizerDir, f), join(dir, f));
-  const config = JSON.parse(readFileSync(join(tokenizerDir, "config.json"), "utf8")) as Record<string, unknown>;
-  writeFileSync(join(dir, "config.json"), JSON.stringify({ ...config, max_position_embeddings: TINY_BERT_DEFAULTS.maxPositions }));
-  writeFileSync(join(dir, "model.onnx"), tinyBertOnnx(tinyBertWeights(seed, TINY_BERT_DEFAULTS)));
-  return dir;
+  return writeModelFolder(dir, tinyBertOnnx(tinyBertWeights(seed, TINY_BERT_DEFAULTS)));
+}
+
+/** A cross-encoder folder as OnnxCrossEncoder.load reads it: a generated cross-encoder (seed, default shape, one logit). Returns `dir`. */
+export function writeTinyCrossEncoderFolder(dir: string, seed: number): string {
+  return writeModelFolder(dir, tinyCrossEncoderOnnx(tinyCrossEncoderWeights(seed, TINY_BERT_DEFAULTS, 1)));
 }

@@ -5,22 +5,26 @@
 //            coverage is the share of the query's distinct content terms (stop words aside, unless
 //            the query has nothing else) that occur in the passage. Fusion ranks by each signal's
 //            rank alone, so a passage repeating one query word can outrank one that answers every
-//            part of the question; coverage rewards the latter. No model call (a cross-encoder
-//            needs weights this package cannot download offline).
+//            part of the question; coverage rewards the latter. No model call.
 //   llm      a pointwise yes/no judgement by the step model ("does this passage help answer the
 //            question?"): with a constrained backend, the probability of "yes" against "no" from
 //            their log-probabilities; otherwise the parsed word (yes 1, no 0). A judgement that
 //            fails or does not parse keeps the passage's fused score, so a bad step cannot sink it.
+//   cross-encoder  the scores of a Reranker the caller passes (OnnxCrossEncoder: a cross-encoder
+//            ONNX folder given by path; no weights ship with this package). It reads query and
+//            passage together, so it can judge meaning the lexical signals cannot see, at one
+//            small-model run per passage instead of the llm judge's generation. A reranker that
+//            fails fails the rerank: there is no honest score to fall back to.
 //
 // Ties keep the retrieval order. Every score is in [0, 1].
 import { DkiArgumentError } from "../../errors.js";
 import { cosine } from "../../memory/embedders/common.js";
 import { STOP_WORDS, terms } from "../../memory/text-terms.js";
-import type { Embedder } from "../../memory/types.js";
+import type { Embedder, Reranker } from "../../memory/types.js";
 import { yesProbability, type StepRunner } from "./steps.js";
 
-export type RerankMethod = "lexical" | "llm";
-export const RERANK_METHODS: readonly RerankMethod[] = ["lexical", "llm"];
+export type RerankMethod = "lexical" | "llm" | "cross-encoder";
+export const RERANK_METHODS: readonly RerankMethod[] = ["lexical", "llm", "cross-encoder"];
 
 export interface RerankCandidate {
   id: string;
@@ -39,7 +43,7 @@ export interface Reranked {
 }
 
 export function checkRerankMethod(m: unknown, what = "rerank"): asserts m is RerankMethod | undefined {
-  if (m !== undefined && !RERANK_METHODS.includes(m as RerankMethod)) throw new DkiArgumentError(`${what} must be "lexical" or "llm", got ${JSON.stringify(m)}`);
+  if (m !== undefined && !RERANK_METHODS.includes(m as RerankMethod)) throw new DkiArgumentError(`${what} must be "lexical", "llm" or "cross-encoder", got ${JSON.stringify(m)}`);
 }
 
 /** The share of the query's distinct content terms found in the passage. */
@@ -70,10 +74,43 @@ export async function llmScores(steps: StepRunner, query: string, candidates: re
   return out;
 }
 
+/** The reranker's scores of the passages, checked: one per passage, each a number in [0, 1]. */
+export async function crossEncoderScores(reranker: Reranker, query: string, candidates: readonly RerankCandidate[]): Promise<number[]> {
+  const scores = await reranker.score(query, candidates.map((c) => c.text));
+  if (!Array.isArray(scores) || scores.length !== candidates.length) {
+    throw new DkiArgumentError(`reranker ${reranker.id} gave ${Array.isArray(scores) ? scores.length : "no"} scores for ${candidates.length} passages`);
+  }
+  scores.forEach((s, i) => {
+    if (typeof s !== "number" || !(s >= 0 && s <= 1)) throw new DkiArgumentError(`reranker ${reranker.id} gave passage ${i} the score ${String(s)}; scores must be numbers in [0, 1]`);
+  });
+  return scores;
+}
+
+export interface RerankDeps {
+  /** The lexical method's cosine. */
+  embedder: Embedder;
+  /** The llm method's judge. */
+  steps: StepRunner;
+  /** The cross-encoder method's scorer; that method without one is an error. */
+  reranker?: Reranker | null;
+}
+
+async function methodScores(method: RerankMethod, query: string, candidates: readonly RerankCandidate[], deps: RerankDeps): Promise<number[]> {
+  switch (method) {
+    case "lexical":
+      return lexicalScores(query, candidates, deps.embedder);
+    case "llm":
+      return llmScores(deps.steps, query, candidates);
+    case "cross-encoder":
+      if (!deps.reranker) throw new DkiArgumentError('rerank "cross-encoder" needs a reranker (e.g. OnnxCrossEncoder.load(dir)) and none was given');
+      return crossEncoderScores(deps.reranker, query, candidates);
+  }
+}
+
 /** Reorders `candidates` by the method's score (ties: retrieval order). */
-export async function rerank<C extends RerankCandidate>(method: RerankMethod, query: string, candidates: readonly C[], deps: { embedder: Embedder; steps: StepRunner }): Promise<{ ranked: C[]; trace: Reranked }> {
+export async function rerank<C extends RerankCandidate>(method: RerankMethod, query: string, candidates: readonly C[], deps: RerankDeps): Promise<{ ranked: C[]; trace: Reranked }> {
   checkRerankMethod(method);
-  const scores = method === "lexical" ? await lexicalScores(query, candidates, deps.embedder) : await llmScores(deps.steps, query, candidates);
+  const scores = await methodScores(method, query, candidates, deps);
   const order = candidates.map((c, i) => ({ c, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i);
   return {
     ranked: order.map((x) => x.c),
