@@ -231,7 +231,7 @@ describe("hybrid injection", () => {
 });
 
 describe("blocks, order and prefix", () => {
-  test("memoryOrder score vs time; encodingPrefix bos+system keys blocks by the system prompt; clearSessionCache drops a session's blocks; stats", async () => {
+  test("memoryOrder score vs time vs score-last; encodingPrefix bos+system keys blocks by the system prompt; clearSessionCache drops a session's blocks; stats", async () => {
     const dataDir = tempDir();
     let sys = await open({ gating: { relevanceThreshold: 0 }, preferenceEnabled: false, encodingPrefix: "bos+system" }, dataDir);
     const [older] = await sys.memories.add("Alice went to Kyoto in spring.", { userId: "alice" });
@@ -261,6 +261,15 @@ describe("blocks, order and prefix", () => {
       const byTime = await sys.chat(q, { userId: "alice", sessionId: "o5", maxNewTokens: 1 });
       expect(byTime.memoriesUsed.map((m) => m.id)).toEqual([older!.id, newer!.id]);
       expect(byTime.metadata.memoryOrder).toBe("time");
+    } finally {
+      await sys.close();
+    }
+    sys = await open({ gating: { relevanceThreshold: 0 }, preferenceEnabled: false, memoryOrder: "score-last" }, dataDir);
+    try {
+      const bestLast = await sys.chat(q, { userId: "alice", sessionId: "o6", maxNewTokens: 1 });
+      expect(bestLast.memoriesUsed.map((m) => m.id)).toEqual([older!.id, newer!.id]);
+      expect(bestLast.memoriesUsed[1]!.score).toBeGreaterThanOrEqual(bestLast.memoriesUsed[0]!.score);
+      expect(bestLast.metadata.memoryOrder).toBe("score-last");
     } finally {
       await sys.close();
     }

@@ -15,7 +15,7 @@ import { ANSWER_INSTRUCTION } from "../src/eval/instruction.js";
 import { parseConversations } from "../src/memory/import.js";
 import { judgePrompt, judgeVerdict, scoreLocomo, scoreLongMemEval } from "../src/eval/scoring.js";
 import { dki } from "./support/dki-bin.js";
-import { tempDir } from "./support/paths.js";
+import { repoRoot, tempDir } from "./support/paths.js";
 
 let modelDir: string;
 let model: Model;
@@ -401,5 +401,22 @@ describe("dki eval memory (the command line)", () => {
     expect(printed.modes.map((m) => [m.mode, m.n])).toEqual([["none", 2], ["dki-joint", 2]]);
     expect(existsSync(`${report}.md`) && existsSync(`${report}-ttft.png`)).toBe(true);
     expect(readFileSync(join(out, "results.jsonl"), "utf8").trim().split("\n")).toHaveLength(4);
+  });
+
+  test("--rerank-model routes through the cross-encoder and --config reaches the dki modes, both recorded in run.json and the report; --rerank-depth alone is refused", async () => {
+    const out = tempDir();
+    const report = join(tempDir(), "memory-qa-rerank");
+    const config = join(tempDir(), "dki.yaml");
+    writeFileSync(config, "memoryOrder: score-last\n");
+    const reranker = join(repoRoot, "models", "memory-qa-reranker");
+    await dki(["eval", "memory", "--model", modelDir, "--data", locomoFile, "--out", out, "--report", report, "--modes", "rag,dki", "--limit", "2", "--max-answer-tokens", "2", "--alpha", "1", "--threads", "1", "--rerank-model", reranker, "--rerank-depth", "30", "--config", config]);
+    const run = JSON.parse(readFileSync(join(out, "run.json"), "utf8")) as { rerank: { reranker: string; depth: number }; dkiConfig: unknown };
+    expect(run.rerank.reranker).toMatch(/^onnx-cross-encoder:memory-qa-reranker:[0-9a-f]{12}$/);
+    expect(run.rerank.depth).toBe(30);
+    expect(run.dkiConfig).toEqual({ memoryOrder: "score-last" });
+    const md = readFileSync(`${report}.md`, "utf8");
+    expect(md).toContain(`the search's best 30 reranked by ${run.rerank.reranker}`);
+    expect(md).toContain('{"memoryOrder":"score-last"}');
+    await expect(dki(["eval", "memory", "--model", modelDir, "--data", locomoFile, "--out", tempDir(), "--rerank-depth", "5"])).rejects.toThrow(/--rerank-depth needs --rerank-model/);
   });
 });

@@ -8,6 +8,11 @@ import { MODES, runMemoryQA, type Mode } from "../eval/memory-qa.js";
 import { reportName, writeMemoryQAReport } from "../eval/report.js";
 import { snakeKeys, stderrBar } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, numberOption } from "./options.js";
+import { MAX_RERANK_DEPTH, type MemoryRerank } from "../dki/routing.js";
+import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
+import type { Embedder } from "../memory/types.js";
+import type { DKIConfigInput } from "../dki/config.js";
+import { readConfigFile } from "./config-file.js";
 
 interface MemoryFlags {
   model: string;
@@ -27,6 +32,9 @@ interface MemoryFlags {
   ctx?: number;
   judge?: string;
   embedder?: string;
+  rerankModel?: string;
+  rerankDepth?: number;
+  config?: string;
 }
 
 function modesOption(v: string): Mode[] {
@@ -59,40 +67,57 @@ export function registerEval(program: Command): Command {
     .option("--ctx <n>", "the model's own-token window (full drops the oldest turns to fit it)", intOption("--ctx", 1))
     .option("--judge <path>", "a judge model (HF folder or GGUF) for LongMemEval's yes/no verdicts")
     .option("--embedder <dir>", EMBEDDER_HELP)
+    .option("--config <file>", "DKIConfig settings for the dki modes (JSON or YAML: positions, encodingPrefix, memoryOrder, blockFix, alphaScaling, ...); the harness's own (top-k, instruction, memory encoding) must agree with its flags")
+    .option("--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker) that reorders the memory search's candidates before rag and dki* keep the top-k")
+    .option("--rerank-depth <n>", `with --rerank-model: candidates searched and reranked (default max(20, 4 × top-k), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH))
     .action(async (f: MemoryFlags) => {
+      if (f.rerankDepth !== undefined && f.rerankModel === undefined) throw new Error("--rerank-depth needs --rerank-model");
+      const dkiConfig = f.config === undefined ? undefined : await readConfigFile(f.config);
       const embedder = await embedderOption(f.embedder);
-      const bar = stderrBar("answering [{bar}] {value}/{total} {mode} | {duration_formatted} elapsed, ETA {eta_formatted}");
-      let started = false;
-      const result = await runMemoryQA({
-        model: f.model,
-        data: f.data,
-        out: f.out,
-        modes: f.modes,
-        limit: f.limit,
-        seed: f.seed,
-        conversations: f.conversations,
-        topK: f.topK,
-        alpha: f.alpha,
-        maxAnswerTokens: f.maxAnswerTokens,
-        memoryMaxTokens: f.memoryMaxTokens,
-        device: f.device,
-        threads: f.threads,
-        contextSize: f.ctx,
-        judge: f.judge,
-        embedder,
-        onProgress: (done, total, mode) => {
-          if (!started) {
-            started = true;
-            bar?.start(total, 0, { mode });
-          }
-          bar?.update(done, { mode });
-        },
-      });
-      bar?.stop();
-      const base = (f.report ?? join(f.out, reportName(f.model, f.data))).replace(/\.(md|json)$/, "");
-      const report = await writeMemoryQAReport(result, base);
-      process.stderr.write(`dki: ${result.answered} rows answered, ${result.rows.length} in ${result.resultsFile}; report ${base}.md\n`);
-      process.stdout.write(JSON.stringify(snakeKeys({ report: `${base}.md`, results: result.resultsFile, modes: report.modes })) + "\n");
+      // Loaded before the model, so a bad folder fails fast; closed however the run ends.
+      const reranker = f.rerankModel === undefined ? undefined : await OnnxCrossEncoder.load(f.rerankModel);
+      try {
+        await evalMemory(f, dkiConfig, embedder, reranker === undefined ? undefined : { reranker, depth: f.rerankDepth });
+      } finally {
+        await reranker?.close();
+      }
     });
   return group;
+}
+
+async function evalMemory(f: MemoryFlags, dkiConfig: DKIConfigInput | undefined, embedder: Embedder | undefined, memoryRerank: MemoryRerank | undefined): Promise<void> {
+  const bar = stderrBar("answering [{bar}] {value}/{total} {mode} | {duration_formatted} elapsed, ETA {eta_formatted}");
+  let started = false;
+  const result = await runMemoryQA({
+    model: f.model,
+    data: f.data,
+    out: f.out,
+    modes: f.modes,
+    limit: f.limit,
+    seed: f.seed,
+    conversations: f.conversations,
+    topK: f.topK,
+    alpha: f.alpha,
+    maxAnswerTokens: f.maxAnswerTokens,
+    memoryMaxTokens: f.memoryMaxTokens,
+    device: f.device,
+    threads: f.threads,
+    contextSize: f.ctx,
+    judge: f.judge,
+    dkiConfig,
+    embedder,
+    memoryRerank,
+    onProgress: (done, total, mode) => {
+      if (!started) {
+        started = true;
+        bar?.start(total, 0, { mode });
+      }
+      bar?.update(done, { mode });
+    },
+  });
+  bar?.stop();
+  const base = (f.report ?? join(f.out, reportName(f.model, f.data))).replace(/\.(md|json)$/, "");
+  const report = await writeMemoryQAReport(result, base);
+  process.stderr.write(`dki: ${result.answered} rows answered, ${result.rows.length} in ${result.resultsFile}; report ${base}.md\n`);
+  process.stdout.write(JSON.stringify(snakeKeys({ report: `${base}.md`, results: result.resultsFile, modes: report.modes })) + "\n");
 }

@@ -10,7 +10,11 @@ import { resolveRecallConfig, unknownKeys, type RecallConfig, type RecallConfigI
 export type EncodingPrefix = "none" | "bos" | "bos+system";
 
 /** Order of the memory blocks after the preference block: "score" (most relevant first) or "time" (oldest first). */
-export type MemoryOrder = "score" | "time";
+/**
+ * The order of the memory blocks before the prompt: "score" most relevant first (farthest from the
+ * prompt), "score-last" most relevant last (right before the prompt), "time" oldest first.
+ */
+export type MemoryOrder = "score" | "score-last" | "time";
 
 /**
  * How the memories routed to a turn become K/V: "separate" (default), each its own block, computed
@@ -214,7 +218,7 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
   if (typeof g.entropyProbe !== "boolean") throw new DkiArgumentError(`config.gating.entropyProbe must be true or false, got ${shown(g.entropyProbe)}`);
   count("maxMemories", c.maxMemories);
   count("memoryMaxTokens", c.memoryMaxTokens);
-  choice("memoryOrder", c.memoryOrder, ["score", "time"]);
+  choice("memoryOrder", c.memoryOrder, ["score", "score-last", "time"]);
   choice("memoryEncoding", c.memoryEncoding, ["separate", "joint"]);
   choice("positions", c.positions, ["negative", "prefix"]);
   choice("encodingPrefix", c.encodingPrefix, ["none", "bos", "bos+system"]);

@@ -424,6 +424,8 @@ export class DKISystem {
         budget -= tokens.length;
         memories.push({ r, tokens });
       }
+      // Routing order is best first; memories past the token budget were left out in that order.
+      if (c.memoryOrder === "score-last") memories.reverse();
       if (c.memoryOrder === "time") memories.sort((a, b) => a.r.memory.createdAt - b.r.memory.createdAt || cmp(a.r.memory.id, b.r.memory.id));
     }
     const specs: BlockSpec[] = [];

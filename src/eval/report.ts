@@ -126,12 +126,13 @@ export async function writeMemoryQAReport(result: MemoryQAResult, base: string):
   const label = (c: string) => (result.format === "locomo" ? (LOCOMO_CATEGORIES[c] ?? c) : c);
   const notes = [
     `Every mode answers with the same system prompt (src/eval/instruction.ts) and the question as the user's query, greedy, at most ${s.maxAnswerTokens} tokens, one fresh session a question.`,
-    `rag and dki* route the same top-${s.topK} memories (routeMemories); dki α ${s.alpha === null ? "gated (relevance and entropy)" : `forced to ${s.alpha} for every routed memory`}; dki-joint encodes the same memories as one block.`,
+    `rag and dki* route the same top-${s.topK} memories (routeMemories${s.rerank === null || s.rerank === undefined ? "" : `, the search's best ${s.rerank.depth ?? `max(20, 4 × ${s.topK})`} reranked by ${s.rerank.reranker}`}); dki α ${s.alpha === null ? "gated (relevance and entropy)" : `forced to ${s.alpha} for every routed memory`}; dki-joint encodes the same memories as one block.`,
     `Scores: ${result.format === "locomo" ? "LoCoMo's rules (token F1 on Porter stems; category 1 multi-part, 3 before ';', 5 abstention)" : "LongMemEval exact match and token F1 (abstention questions: correct when the answer is \"not mentioned\")"}; EM is the normalised exact match.`,
     "TTFT and turn latency are wall-clock from the question to the first / last token, prompt building and routing included; memory tokens reach the model as prompt text (full, rag) or as K/V (dki*), prompt tokens are those prefilled.",
   ];
   const full = summary.find((m) => m.mode === "full");
   if (full) notes.push(`full: ${full.rowsWithDrops} of ${full.n} questions had their oldest turns dropped to fit the window (mean ${full.leftOut.toFixed(1)} turns dropped a question); its evidence recall is the share of evidence turns still in the prompt.`);
+  if (s.dkiConfig !== null && s.dkiConfig !== undefined) notes.push(`dki* config over the harness's defaults: \`${JSON.stringify(s.dkiConfig)}\`.`);
   if (s.judge !== null) notes.push(`Judge: ${s.judge} (LongMemEval's per-type yes/no questions).`);
 
   const plots: PlotFiles[] = [];
