@@ -13,7 +13,7 @@ synthetic set of src/eval/synthetic.ts, every prompt rendered by the project's o
 
 Run from the repository root after `npx tsc -p tsconfig.json`:
 
-    /tmp/hfenv/bin/python models/memory-qa/train.py [--minutes-plain 28] [--minutes-block 15] [--device cpu|cuda]
+    /tmp/hfenv/bin/python models/memory-qa/train.py [--minutes-plain 28] [--minutes-block 15] [--device cpu|cuda] [--shape tiny|small] [--out models]
 
 Fixed seed; the loss is on the answer tokens only. The plain model first learns to copy (the copy
 drill alone, `drill_first`), then the task with the drill mixed in; a conversation's `full`
@@ -46,9 +46,14 @@ BOS, EOT, PAD = 0, 2, 3
 # sit before it. add_generation_prompt opens the assistant turn; <|im_end|> (EOS) closes the answer.
 CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-# Sized by this machine: 2 cores shared with other work (load average ~10 while it trained).
-SHAPE = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
+# "tiny" is what this machine allowed (2 cores shared with other work: the committed models);
+# "small" is the size planned for them (7.3M parameters), for a GPU (--device cuda) or a long CPU run.
+SHAPES = {
+    "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=32),
+}
+SHAPE = dict(vocab_size=VOCAB, **SHAPES["tiny"], max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)  # --shape replaces it
+MODELS = ROOT / "models"  # --out replaces it
 MAX_TOKENS = 1400  # the longest row kept (a conversation's `full` questions packed together: up to ~1,000 tokens)
 
 
@@ -464,7 +469,7 @@ def train(variant: str, rows: list, held: list, init: Path | None, minutes: floa
     log(entry)
     logf.close()
     model.to("cpu")
-    out = ROOT / "models" / f"memory-qa-{variant}"
+    out = MODELS / f"memory-qa-{variant}"
     save_model(model, out)
     return {**drilled, "steps": step, "seconds": entry["seconds"], "final_loss": entry["loss"], "heldout_em_final": final_em,
             "eval_questions_per_mode": a.eval_per_mode, "examples": len(rows), "batch_tokens": a.batch_tokens, "drill_rows": a.drill_rows, "drill_weight": a.drill_weight, "minutes": minutes, "lr": a.lr}
@@ -478,6 +483,7 @@ def count_modes(rows: list) -> dict:
 
 
 def main() -> None:
+    global MODELS
     p = argparse.ArgumentParser()
     p.add_argument("--work", default=str(ROOT / "tmp" / "memory-qa"), help="where the data sets and encoded examples go")
     p.add_argument("--train-conversations", type=int, default=2000)
@@ -496,8 +502,14 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=36)
     p.add_argument("--device", default="cpu")
     p.add_argument("--only", choices=["plain", "block-aware"])
+    p.add_argument("--shape", choices=list(SHAPES), default="tiny", help="tiny: 1.3M parameters (the committed models); small: 7.3M")
+    p.add_argument("--out", default=str(MODELS), help="the folder the memory-qa-<variant> models go to (logs: <out>/memory-qa-logs unless it is models/)")
     p.add_argument("--skip-data", action="store_true", help="reuse the encoded examples in --work")
     a = p.parse_args()
+    SHAPE.update(SHAPES[a.shape])
+    MODELS = Path(a.out).resolve()
+    logs = HERE / "logs" if MODELS == (ROOT / "models").resolve() else MODELS / "memory-qa-logs"
+    logs.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     random.seed(a.seed)
     work = Path(a.work)
@@ -518,13 +530,13 @@ def main() -> None:
             "torch": torch.__version__, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     variants = [a.only] if a.only else ["plain", "block-aware"]
     for v in variants:
-        out = ROOT / "models" / f"memory-qa-{v}"
+        out = MODELS / f"memory-qa-{v}"
         write_tokenizer(Tokenizer.from_file(str(tokdir / "tokenizer.json")), out)
         if v == "plain":
             data, init, minutes = [r for r in rows if r["mode"] != "dki"], None, a.minutes_plain
         else:
-            data, init, minutes = rows, ROOT / "models" / "memory-qa-plain", a.minutes_block
-        res = train(v, data, held, init, minutes, a, HERE / "logs" / f"{v}.jsonl")
+            data, init, minutes = rows, MODELS / "memory-qa-plain", a.minutes_block
+        res = train(v, data, held, init, minutes, a, logs / f"{v}.jsonl")
         (out / "training.json").write_text(json.dumps({**info, "variant": v, "initialised_from": "memory-qa-plain" if init else None, **res}, indent=2) + "\n")
 
 
