@@ -7,7 +7,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { dki, dkiFails } from "./support/dki-bin.js";
-import { tempDir } from "./support/paths.js";
+import { repoRoot, tempDir } from "./support/paths.js";
 import { call, makeTinyModel, spawnServer, storeWithAlice } from "./support/serve.js";
 
 let model: string;
@@ -33,6 +33,42 @@ describe("dki serve: the command", () => {
     // YAML too, read by the same reader as dki chat's --config.
     expect(await dkiFails(["serve", "--model", model, "--data", data, "--config", file("c2.yaml", "maxMemory: 1\n")])).toMatch(/^dki: --config .*c2\.yaml: config has no key "maxMemory"/);
     expect(await dkiFails(["serve", "--model", model, "--data", data, "--port", "70000"])).toBe('dki: option \'--port <n>\' argument \'70000\' is invalid. --port must be an integer in [0, 65535], got "70000" (see --help)\n');
+  });
+
+  test("--rerank-model: the cross-encoder picks the memory both modes use from the search's candidates; a bad folder or --rerank-depth alone is a usage error", async () => {
+    const dir = tempDir();
+    const store = join(dir, "data");
+    const q = "What is the name of the user's dog?";
+    // The hashing search ranks the first (it repeats the question's words) above the answer.
+    const ids: string[] = [];
+    for (const text of ["User: What is the name of that dog in the park? The user's dog is cute.", "User: I have a dog named Corsadro.", "User: My friend Mia has a dog named Pelvorin."]) {
+      ids.push((JSON.parse((await dki(["memory", "add", "--data", store, "--user", "alice", "--format", "json", text])).stdout) as { id: string }).id);
+    }
+    const config = join(dir, "dki.json");
+    writeFileSync(config, JSON.stringify({ maxMemories: 1 }));
+    const reranker = join(repoRoot, "models", "memory-qa-reranker");
+    const ask = async (url: string, mode: "dki" | "rag") => {
+      const r = await call(url, "POST", "/v1/chat/completions", { body: { model: "tiny", max_tokens: 1, user: "alice", messages: [{ role: "user", content: q }], dki: mode === "dki" ? { mode, alpha: 1 } : { mode } } });
+      expect(r.status, r.text).toBe(200);
+      return (r.json as { dki: { memories: { id: string }[] } }).dki.memories.map((m) => m.id);
+    };
+    const plain = await spawnServer(["--model", model, "--data", store, "--threads", "1", "--config", config]);
+    try {
+      expect(await ask(plain.url, "dki")).toEqual([ids[0]]);
+    } finally {
+      plain.child.kill("SIGTERM");
+      expect((await plain.exited).code).toBe(0);
+    }
+    const s = await spawnServer(["--model", model, "--data", store, "--threads", "1", "--config", config, "--rerank-model", reranker, "--rerank-depth", "10"]);
+    try {
+      expect(await ask(s.url, "dki")).toEqual([ids[1]]);
+      expect(await ask(s.url, "rag")).toEqual([ids[1]]);
+    } finally {
+      s.child.kill("SIGTERM");
+      expect((await s.exited).code).toBe(0);
+    }
+    expect(await dkiFails(["serve", "--model", model, "--data", store, "--rerank-model", join(dir, "nothing")])).toMatch(/^dki: .*nothing.* is not a folder\n$/);
+    expect(await dkiFails(["serve", "--model", model, "--data", store, "--rerank-depth", "5"])).toBe("dki: --rerank-depth needs --rerank-model\n");
   });
 
   test("with a key file and a config file: 401 without the key; the store's CLI commands work beside the server, which sees their writes", async () => {

@@ -10,6 +10,8 @@ import { readConfigFile } from "./config-file.js";
 import { createServer, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE } from "../server/app.js";
 import { ApiKeys } from "../server/auth.js";
 import { ServerSystems } from "../server/systems.js";
+import { MAX_RERANK_DEPTH } from "../dki/routing.js";
+import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
 import { deviceOption, EMBEDDER_HELP, embedderOption, intOption, threadsOption } from "./options.js";
 import { checkCacheFolder, checkModelPath, checkStoreExists } from "./paths.js";
 import { loadOptions } from "./turn.js";
@@ -20,6 +22,8 @@ interface ServeFlags {
   cache?: string;
   config?: string;
   embedder?: string;
+  rerankModel?: string;
+  rerankDepth?: number;
   device: Device;
   threads?: number;
   contextSize?: number;
@@ -48,6 +52,9 @@ async function serve(flags: ServeFlags): Promise<void> {
   }
   await checkCacheFolder(flags.cache ?? defaultCacheDir(flags.data), flags.cache === undefined ? "the K/V cache folder" : "--cache");
   const config = flags.config === undefined ? undefined : await readConfigFile(flags.config);
+  if (flags.rerankDepth !== undefined && flags.rerankModel === undefined) throw new Error("--rerank-depth needs --rerank-model");
+  // Loaded before listening, so a bad folder is a usage error; the systems own it from then on.
+  const reranker = flags.rerankModel === undefined ? undefined : await OnnxCrossEncoder.load(flags.rerankModel);
   const embedder = await embedderOption(flags.embedder);
   // Checked before listening: a bad setting is a usage error, not a server that never gets ready.
   resolveConfig(config, embedder);
@@ -82,7 +89,7 @@ async function serve(flags: ServeFlags): Promise<void> {
 
   let systems: ServerSystems;
   try {
-    systems = await ServerSystems.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
+    systems = await ServerSystems.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank: reranker === undefined ? undefined : { reranker, depth: flags.rerankDepth } });
   } catch (e) {
     server.failed(e);
     await server.close();
@@ -106,6 +113,8 @@ export function registerServeCommand(program: Command): void {
     .option("--cache <dir>", "the K/V cache's folder (default <data>.kv-cache, beside the store)")
     .option("--config <file>", "settings in a JSON or YAML file: DKIConfig's keys (maxMemories, gating, recall, …)")
     .option("--embedder <dir>", EMBEDDER_HELP)
+    .option("--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker): it picks the memories both modes use from a deeper search, and serves RAG's cross-encoder rerank")
+    .option("--rerank-depth <n>", `with --rerank-model: memory candidates searched and reranked (default max(20, 4 × maxMemories), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH))
     .option(...deviceOption)
     .option(...threadsOption)
     .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))

@@ -7,10 +7,11 @@ import { Model, type LoadOptions } from "../engine/model.js";
 import type { DKIConfigInput } from "../dki/config.js";
 import { DKISystem } from "../dki/system.js";
 import { MemoryStore, type EraseResult } from "../memory/memory-store.js";
-import type { Embedder, MemoryStoreApi } from "../memory/types.js";
+import type { Embedder, MemoryStoreApi, Reranker } from "../memory/types.js";
 import type { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { openKnowledgeBase } from "../rag/kb/open.js";
 import { RAGSystem } from "../rag/rag-system.js";
+import type { MemoryRerank } from "../dki/routing.js";
 
 export interface SystemsOptions {
   /** A model folder or .gguf file. */
@@ -20,6 +21,11 @@ export interface SystemsOptions {
   cacheDir?: string;
   embedder?: Embedder;
   config?: DKIConfigInput;
+  /**
+   * Reranks the memory search for both systems and serves RAG's cross-encoder rerank. Handed over:
+   * closed with the systems, or at once if they fail to open.
+   */
+  memoryRerank?: MemoryRerank;
 }
 
 /** The store as a system sees it: everything but close, which stays with its owner. */
@@ -44,11 +50,20 @@ export class ServerSystems {
     readonly kb: KnowledgeBase,
     /** The name clients give as `model` (the folder's or file's name). */
     readonly modelId: string,
+    /** The routing's reranker (--rerank-model), closed after both systems. */
+    readonly reranker: Reranker | null = null,
   ) {}
 
   /** Loads the model, opens the store, then both systems; whatever opened is closed again if a later step fails. */
   static async open(o: SystemsOptions): Promise<ServerSystems> {
-    const model = await Model.load(o.model, o.loadOptions);
+    const reranker = o.memoryRerank?.reranker ?? null;
+    let model: Model;
+    try {
+      model = await Model.load(o.model, o.loadOptions);
+    } catch (e) {
+      await reranker?.close().catch(() => {});
+      throw e;
+    }
     let store: MemoryStore | null = null;
     let kb: KnowledgeBase | null = null;
     let dki: DKISystem | null = null;
@@ -56,13 +71,14 @@ export class ServerSystems {
       store = await MemoryStore.open({ dir: o.dataDir, embedder: o.embedder });
       kb = await openKnowledgeBase(o.dataDir, { embedder: store.embedder });
       const shared = lend(store);
-      const common = { model, dataDir: o.dataDir, cacheDir: o.cacheDir, embedder: store.embedder, config: o.config, openStore: async () => shared };
+      const common = { model, dataDir: o.dataDir, cacheDir: o.cacheDir, embedder: store.embedder, config: o.config, openStore: async () => shared, memoryRerank: o.memoryRerank };
       dki = await DKISystem.open(common);
       // The server bounds every turn itself (--turn-timeout, answered 504), so RAG's own 60 s default is off.
-      const rag = await RAGSystem.open({ ...common, knowledgeBase: kb, rag: { turnTimeoutMs: 0 } });
-      return new ServerSystems(model, store, dki, rag, kb, modelIdOf(o.model));
+      const rag = await RAGSystem.open({ ...common, knowledgeBase: kb, reranker: reranker ?? undefined, rag: { turnTimeoutMs: 0 } });
+      return new ServerSystems(model, store, dki, rag, kb, modelIdOf(o.model), reranker);
     } catch (e) {
       await dki?.close().catch(() => {});
+      await reranker?.close().catch(() => {});
       await kb?.close().catch(() => {});
       await store?.close().catch(() => {});
       model.dispose();
@@ -81,6 +97,7 @@ export class ServerSystems {
   async close(): Promise<void> {
     try {
       await Promise.all([this.rag.close(), this.dki.close()]);
+      await this.reranker?.close();
     } finally {
       try {
         await this.kb.close().finally(() => this.store.close());
