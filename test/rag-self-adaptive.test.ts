@@ -15,6 +15,7 @@ import { resolveSelfRag, runSelfRag, type SelfRagConfig } from "../src/rag/pipel
 import { classifyQuery, resolveStrategies, StrategyLedger } from "../src/rag/pipeline/adaptive.js";
 import { ScriptedBackend } from "./support/scripted-backend.js";
 import { tempDir } from "./support/paths.js";
+import type { Reranker } from "../src/memory/types.js";
 
 let model: Model;
 let kb: KnowledgeBase;
@@ -168,6 +169,20 @@ describe("Adaptive RAG decisions (scripted backend)", () => {
     expect(stats.direct).toMatchObject({ queries: 1, failures: 0, meanRetrieved: 0, meanModelCalls: 2 });
     expect(stats.decompose).toMatchObject({ queries: 1, failures: 0, meanModelCalls: 4 });
     expect(stats.standard!.meanRetrieved).toBeGreaterThan(0);
+  });
+
+  test("the rerank strategy uses the system's cross-encoder when it has one, the lexical rerank otherwise", async () => {
+    const reranker: Reranker = { id: "by-length", score: async (_q, ps) => ps.map((p) => Math.min(1, p.length / 100)), close: async () => {} };
+    const turn = { userId: "u", sessionId: "s", maxNewTokens: 1, collection: "firms", adaptive: true };
+    const methods: (string | undefined)[] = [];
+    for (const withReranker of [false, true]) {
+      const rag = await RAGSystem.open({ model, dataDir: tempDir(), openStore, knowledgeBase: kb, steps: { model: classifier() }, adaptive: { simple: "rerank" }, ...(withReranker ? { reranker } : {}) });
+      const r = await rag.chat("Lumen Labs staff", turn);
+      await rag.close();
+      expect(r.metadata.pipeline!.adaptive).toEqual({ queryClass: "simple", strategy: "rerank" });
+      methods.push(r.metadata.pipeline!.rerank?.method);
+    }
+    expect(methods).toEqual(["lexical", "cross-encoder"]);
   });
 
   test("strategies are configurable per class; the ledger counts failures apart from the means", async () => {

@@ -184,13 +184,14 @@ function selfRagSummary(t: SelfRagTrace<KbSearchResult>): SelfRagSummary {
 }
 
 /** A turn's options with the strategy applied (what the caller set explicitly stays). */
-function withStrategy(opts: RAGChatOptions, strategy: Strategy): RAGChatOptions {
+/** A turn's options with its strategy applied; "rerank" uses the system's cross-encoder when it has one. */
+function withStrategy(opts: RAGChatOptions, strategy: Strategy, rerankMethod: RerankMethod): RAGChatOptions {
   switch (strategy) {
     case "direct":
     case "standard":
       return opts;
     case "rerank":
-      return { ...opts, rerank: opts.rerank ?? "lexical" };
+      return { ...opts, rerank: opts.rerank ?? rerankMethod };
     case "decompose":
       return { ...opts, queryTransform: { ...opts.queryTransform, decompose: opts.queryTransform?.decompose ?? 3 } };
     case "self_rag":
@@ -496,7 +497,7 @@ export class RAGSystem {
     const queryClass = await classifyQuery(steps, query);
     const strategy = this.strategies[queryClass];
     try {
-      const r = await this.answerTurn(query, withStrategy(opts, strategy), sessionWaitMs, steps, { queryClass, strategy });
+      const r = await this.answerTurn(query, withStrategy(opts, strategy, this.reranker === null ? "lexical" : "cross-encoder"), sessionWaitMs, steps, { queryClass, strategy });
       this.strategyLedger.record(strategy, { ok: true, latencyMs: r.latency.totalMs, retrieved: r.sources.filter((x) => x.kind === "chunk").length, modelCalls: steps.calls + 1 });
       return r;
     } catch (e) {
