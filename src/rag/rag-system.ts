@@ -438,11 +438,12 @@ export class RAGSystem {
     const t0 = performance.now() - sessionWaitMs;
     // The history the prompt would carry is part of the scope: the same words after another
     // exchange may ask something else, so a cached answer serves only the same history.
-    const scope = cacheScope(opts, await this.recentHistory(opts));
+    const history = await this.recentHistory(opts);
+    const scope = cacheScope(opts, history);
     const [vector] = await this.store.embedder.embed([query]);
     const hit = cache.lookup(scope, vector!);
     if (hit !== null) return this.cachedTurn(query, opts, hit, t0);
-    const r = await this.adaptiveTurn(query, opts, sessionWaitMs);
+    const r = await this.adaptiveTurn(query, opts, sessionWaitMs, history);
     r.metadata.cache = { hit: false, similarity: null, cachedQuery: null, ageMs: null };
     // A copy: what the caller does with its response does not change the cache.
     if (r.finishReason !== "aborted") cache.store(scope, query, vector!, structuredClone(r));
@@ -489,15 +490,15 @@ export class RAGSystem {
   }
 
   /** Adaptive RAG around a turn: the query classified, its strategy applied, the outcome counted per strategy. */
-  private async adaptiveTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number): Promise<RAGResponse> {
+  private async adaptiveTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number, history?: HistoryMessage[]): Promise<RAGResponse> {
     // One step runner per turn: every LLM step of the turn is recorded in order.
     const steps = this.stepRunner(opts.userId, opts.signal);
     // With retrieval off (rag.enabled false) there is no strategy to choose.
-    if (opts.adaptive !== true || !this.rag.enabled) return this.answerTurn(query, opts, sessionWaitMs, steps, null);
+    if (opts.adaptive !== true || !this.rag.enabled) return this.answerTurn(query, opts, sessionWaitMs, steps, null, history);
     const queryClass = await classifyQuery(steps, query);
     const strategy = this.strategies[queryClass];
     try {
-      const r = await this.answerTurn(query, withStrategy(opts, strategy, this.reranker === null ? "lexical" : "cross-encoder"), sessionWaitMs, steps, { queryClass, strategy });
+      const r = await this.answerTurn(query, withStrategy(opts, strategy, this.reranker === null ? "lexical" : "cross-encoder"), sessionWaitMs, steps, { queryClass, strategy }, history);
       this.strategyLedger.record(strategy, { ok: true, latencyMs: r.latency.totalMs, retrieved: r.sources.filter((x) => x.kind === "chunk").length, modelCalls: steps.calls + 1 });
       return r;
     } catch (e) {
@@ -506,7 +507,8 @@ export class RAGSystem {
     }
   }
 
-  private async answerTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number, steps: StepRunner, adaptive: AdaptiveChoice | null): Promise<RAGResponse> {
+  /** One retrieval and answer; `known` is the session's history when the caller already read it (the answer cache's scope). */
+  private async answerTurn(query: string, opts: RAGChatOptions, sessionWaitMs: number, steps: StepRunner, adaptive: AdaptiveChoice | null, known?: HistoryMessage[]): Promise<RAGResponse> {
     // From the call: the wait behind the session's earlier turns counts, as in DKISystem.
     const t0 = performance.now() - sessionWaitMs;
     if (opts.collection !== undefined && this.knowledgeBase === null) throw new DkiArgumentError("this RAGSystem has no knowledge base: open it with knowledgeBase to search a collection");
@@ -522,7 +524,7 @@ export class RAGSystem {
     const routed: SearchResult[] = opts.useMemories === false || !retrieval ? [] : await routeMemories(this.store, query, { userId: opts.userId, limit: opts.maxMemories ?? this.config.maxMemories, rerank: this.memoryRerank });
     // The same history switch and length as DKI's config (the budget then decides what fits).
     // Read before the knowledge-base search: a history-aware rewrite needs it.
-    const history = await this.recentHistory(opts);
+    const history = known ?? (await this.recentHistory(opts));
     const { kept, leftOut } = this.withinMemoryBudget(routed);
     const systemPrompt = withPromptMode(opts.systemPrompt ?? this.config.systemPrompt, opts.promptMode);
     const layout: PromptLayout = this.rag.layout !== "auto" ? this.rag.layout : this.config.chatTemplate === "auto" && this.model.tokenizer.chatTemplate !== null ? "chat" : "seed";
