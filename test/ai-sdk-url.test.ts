@@ -13,9 +13,8 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { createDki, type DkiProvider, type DkiServerProvider } from "../src/integrations/ai-sdk/index.js";
 import { call, makeTinyModel, spawnServer, type ChildServer } from "./support/serve.js";
 import { repoRoot, tempDir } from "./support/paths.js";
+import { as, HIKING, HIKING_Q, meta, streamAbortedAtFirstText } from "./support/ai-sdk.js";
 
-const HIKING = "Alice loves hiking in the Alps and is allergic to peanuts.";
-const HIKING_Q = "Any tips for hiking in the Alps with a peanut allergy?";
 const ADMIN = "admin-key-0123456789abcdef";
 const ALICE = "alice-key-0123456789abcdef";
 
@@ -51,13 +50,6 @@ afterAll(async () => {
     await server.exited;
   }
 });
-
-const as = (userId: string, sessionId: string, extra: Record<string, number> = {}) => ({ dki: { userId, sessionId, ...extra } });
-
-function meta(pm: Record<string, Record<string, unknown>> | undefined): Record<string, unknown> {
-  expect(pm?.dki).toBeDefined();
-  return pm!.dki!;
-}
 
 /** The keys of an object and of its nested objects, as paths: the shape, without the values. */
 function shape(v: unknown, at = ""): string[] {
@@ -248,13 +240,7 @@ describe("streamText over a URL", () => {
   test("an abort mid-answer closes the request: the server aborts the turn and records nothing", async () => {
     const aborted = () => abortedTurns("dki");
     const before = await aborted();
-    const ctl = new AbortController();
-    const s = streamText({ model: remote("dki"), prompt: HIKING_Q, maxOutputTokens: 800, abortSignal: ctl.signal, providerOptions: as("alice", "ab1") });
-    const types: string[] = [];
-    for await (const p of s.fullStream) {
-      types.push(p.type);
-      if (p.type === "text-delta") ctl.abort();
-    }
+    const types = await streamAbortedAtFirstText(remote("dki"), "ab1");
     expect(types).toContain("abort");
     expect(types).not.toContain("finish");
     // The server saw the connection close and stopped the turn (counted as aborted), and recorded nothing.

@@ -12,9 +12,7 @@ import { makeTinyModel } from "../src/models/make-tiny.js";
 import type { DKISystem } from "../src/dki/system.js";
 import { createDki, type DkiProvider } from "../src/integrations/ai-sdk/index.js";
 import { repoRoot, tempDir } from "./support/paths.js";
-
-const HIKING = "Alice loves hiking in the Alps and is allergic to peanuts.";
-const HIKING_Q = "Any tips for hiking in the Alps with a peanut allergy?";
+import { as, HIKING, HIKING_Q, meta, streamAbortedAtFirstText } from "./support/ai-sdk.js";
 
 let model: Model;
 let dki: DkiProvider;
@@ -35,14 +33,7 @@ afterAll(async () => {
   model?.dispose();
 });
 
-const as = (userId: string, sessionId: string, extra: Record<string, number> = {}) => ({ dki: { userId, sessionId, ...extra } });
 const memoryTokens = () => model.tokenizer.encode(HIKING, { addSpecialTokens: false }).length;
-
-/** The `dki` provider metadata of a result, as the SDK hands it over. */
-function meta(pm: Record<string, Record<string, unknown>> | undefined): Record<string, unknown> {
-  expect(pm?.dki).toBeDefined();
-  return pm!.dki!;
-}
 
 describe("generateText", () => {
   test("answers as the DKISystem's own turn: same text and prompt tokens, the memory injected, the turn recorded", async () => {
@@ -212,13 +203,7 @@ describe("streamText", () => {
   });
 
   test("an abort mid-answer stops the turn: the SDK reports it as an abort, and nothing is recorded", async () => {
-    const ctl = new AbortController();
-    const s = streamText({ model: dki("dki"), prompt: HIKING_Q, maxOutputTokens: 800, abortSignal: ctl.signal, providerOptions: as("alice", "ab1") });
-    const types: string[] = [];
-    for await (const p of s.fullStream) {
-      types.push(p.type);
-      if (p.type === "text-delta") ctl.abort();
-    }
+    const types = await streamAbortedAtFirstText(dki("dki"), "ab1");
     expect(types).toContain("abort");
     expect(types).not.toContain("finish");
     expect(types.filter((t) => t === "text-delta").length).toBeLessThan(800);
