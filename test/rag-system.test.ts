@@ -111,7 +111,7 @@ describe("RAGSystem", () => {
     await expect(bad({ reranker, depth: 0 })).rejects.toThrow(/memoryRerank.depth must be an integer from 1 to 100, got 0/);
     const short: Reranker = { id: "short", score: async () => [1], close: async () => {} };
     const store = await MemoryStore.open({ dir: data });
-    await expect(routeMemories(store, QUERY, { userId: "alice", limit: 2, rerank: { reranker: short } })).rejects.toThrow(/reranker short returned 1 scores for 3 memories/);
+    await expect(routeMemories(store, QUERY, { userId: "alice", limit: 2, rerank: { reranker: short } })).rejects.toThrow(/reranker short gave 1 scores for 3 memories/);
     await store.close();
   });
 

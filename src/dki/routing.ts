@@ -7,6 +7,7 @@
 // those, and its τ is calibrated for the embedder, not for the reranker.
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, Reranker, SearchResult } from "../memory/types.js";
+import { rerankerScores } from "../memory/reranker.js";
 
 export interface RouteOptions {
   userId: string;
@@ -47,10 +48,7 @@ export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, que
   for (const r of found) if (r.memory.userId !== o.userId) throw new Error(`the memory store returned memory ${r.memory.id} of another user for user ${JSON.stringify(o.userId)}`);
   const ranked = [...found].sort((a, b) => b.score - a.score || (a.memory.id < b.memory.id ? -1 : a.memory.id > b.memory.id ? 1 : 0));
   if (o.rerank === undefined || ranked.length === 0) return ranked;
-  const scores = await o.rerank.reranker.score(query, ranked.map((r) => r.memory.text));
-  if (scores.length !== ranked.length || scores.some((s) => typeof s !== "number" || Number.isNaN(s))) {
-    throw new Error(`reranker ${o.rerank.reranker.id} returned ${scores.length} scores for ${ranked.length} memories, or a score that is not a number`);
-  }
+  const scores = await rerankerScores(o.rerank.reranker, query, ranked.map((r) => r.memory.text), ["memory", "memories"]);
   // Ties keep the search's order.
   return ranked.map((r, i) => ({ r, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i).slice(0, o.limit).map((x) => x.r);
 }

@@ -21,6 +21,7 @@ import { DkiArgumentError } from "../../errors.js";
 import { cosine } from "../../memory/embedders/common.js";
 import { STOP_WORDS, terms } from "../../memory/text-terms.js";
 import type { Embedder, Reranker } from "../../memory/types.js";
+import { rerankerScores } from "../../memory/reranker.js";
 import { yesProbability, type StepRunner } from "./steps.js";
 
 export type RerankMethod = "lexical" | "llm" | "cross-encoder";
@@ -75,15 +76,8 @@ export async function llmScores(steps: StepRunner, query: string, candidates: re
 }
 
 /** The reranker's scores of the passages, checked: one per passage, each a number in [0, 1]. */
-export async function crossEncoderScores(reranker: Reranker, query: string, candidates: readonly RerankCandidate[]): Promise<number[]> {
-  const scores = await reranker.score(query, candidates.map((c) => c.text));
-  if (!Array.isArray(scores) || scores.length !== candidates.length) {
-    throw new DkiArgumentError(`reranker ${reranker.id} gave ${Array.isArray(scores) ? scores.length : "no"} scores for ${candidates.length} passages`);
-  }
-  scores.forEach((s, i) => {
-    if (typeof s !== "number" || !(s >= 0 && s <= 1)) throw new DkiArgumentError(`reranker ${reranker.id} gave passage ${i} the score ${String(s)}; scores must be numbers in [0, 1]`);
-  });
-  return scores;
+export function crossEncoderScores(reranker: Reranker, query: string, candidates: readonly RerankCandidate[]): Promise<number[]> {
+  return rerankerScores(reranker, query, candidates.map((c) => c.text), ["passage", "passages"]);
 }
 
 export interface RerankDeps {
