@@ -20,7 +20,7 @@ import type { Segment } from "../engine/model.js";
 import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import { TieredKVCache, type CacheBudgets } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
-import { eitherSignal } from "../util/either-signal.js";
+import { withTimeout } from "../util/either-signal.js";
 import type { Filter, MemoryStoreApi, Metadata, Reranker, SearchResult } from "../memory/types.js";
 import { afterBos, assembleBlocks, systemTurnTokens, type Assembly } from "../dki/assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type LatencyBreakdown } from "../dki/budget.js";
@@ -413,19 +413,15 @@ export class RAGSystem {
         }
         const limitMs = this.rag.turnTimeoutMs;
         if (limitMs === 0) return this.sessions.run(opts.userId, opts.sessionId, opts.signal, (waitedMs) => this.turn(query, opts, waitedMs));
-        const timeout = new AbortController();
-        const timer = setTimeout(() => timeout.abort(new Error(`the turn took longer than ${limitMs} ms (rag.turnTimeoutMs)`)), limitMs);
-        const either = eitherSignal(opts.signal ? [opts.signal, timeout.signal] : [timeout.signal]);
-        const bounded = { ...opts, signal: either.signal };
+        const bounded = withTimeout(opts.signal, limitMs, `the turn took longer than ${limitMs} ms (rag.turnTimeoutMs)`);
         try {
-          return await this.sessions.run(opts.userId, opts.sessionId, either.signal, (waitedMs) => this.turn(query, bounded, waitedMs));
+          return await this.sessions.run(opts.userId, opts.sessionId, bounded.signal, (waitedMs) => this.turn(query, { ...opts, signal: bounded.signal }, waitedMs));
         } catch (e) {
           // The caller's own abort stays theirs; the timeout's is named.
-          if (timeout.signal.aborted && opts.signal?.aborted !== true) throw timeout.signal.reason as Error;
+          if (bounded.timeout.aborted && opts.signal?.aborted !== true) throw bounded.timeout.reason as Error;
           throw e;
         } finally {
-          clearTimeout(timer);
-          either.release();
+          bounded.release();
         }
       }),
     );

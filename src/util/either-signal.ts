@@ -26,3 +26,22 @@ export function eitherSignal(signals: AbortSignal[]): { signal: AbortSignal; rel
   }
   return { signal: ctl.signal, release };
 }
+
+/**
+ * A signal that aborts when `signal` does, or after `ms` with an Error of `message`; `timeout`
+ * is the timer's own signal (aborted: the time ran out), and release() clears the timer and
+ * detaches from `signal`.
+ */
+export function withTimeout(signal: AbortSignal | undefined, ms: number, message: string): { signal: AbortSignal; timeout: AbortSignal; release: () => void } {
+  const timeout = new AbortController();
+  const timer = setTimeout(() => timeout.abort(new Error(message)), ms);
+  const either = eitherSignal(signal ? [signal, timeout.signal] : [timeout.signal]);
+  return {
+    signal: either.signal,
+    timeout: timeout.signal,
+    release: () => {
+      clearTimeout(timer);
+      either.release();
+    },
+  };
+}

@@ -13,7 +13,7 @@
 import { performance } from "node:perf_hooks";
 import type { Model } from "../../engine/model.js";
 import { DkiArgumentError } from "../../errors.js";
-import { eitherSignal } from "../../util/either-signal.js";
+import { withTimeout } from "../../util/either-signal.js";
 
 export interface CompleteOptions {
   maxNewTokens: number;
@@ -150,12 +150,10 @@ export class StepRunner {
 
   private async run<T>(step: string, prompt: string, fallback: T, constrained: boolean, call: (signal: AbortSignal) => Promise<{ raw: string; parsed?: T; error?: string; scores?: number[] }>): Promise<T> {
     const t = performance.now();
-    const timeout = new AbortController();
-    const timer = setTimeout(() => timeout.abort(new Error(`the step took longer than ${this.timeoutMs} ms`)), this.timeoutMs);
-    const either = eitherSignal(this.o.signal ? [this.o.signal, timeout.signal] : [timeout.signal]);
+    const bounded = withTimeout(this.o.signal, this.timeoutMs, `the step took longer than ${this.timeoutMs} ms`);
     const record: StepRecord = { step, prompt, raw: "", parsed: fallback, fellBack: true, constrained, ms: 0 };
     try {
-      const r = await call(either.signal);
+      const r = await call(bounded.signal);
       record.raw = r.raw;
       if (r.parsed !== undefined) {
         record.parsed = r.parsed;
@@ -165,10 +163,9 @@ export class StepRunner {
     } catch (e) {
       // The turn's own abort ends the turn; anything else (a timeout, a backend error) is this step's.
       if (this.o.signal?.aborted) throw e;
-      record.error = timeout.signal.aborted ? (timeout.signal.reason as Error).message : e instanceof Error ? e.message : String(e);
+      record.error = bounded.timeout.aborted ? (bounded.timeout.reason as Error).message : e instanceof Error ? e.message : String(e);
     } finally {
-      clearTimeout(timer);
-      either.release();
+      bounded.release();
       record.ms = performance.now() - t;
       this.records.push(record);
     }
