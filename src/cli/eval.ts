@@ -7,9 +7,8 @@ import type { Command } from "commander";
 import { MODES, runMemoryQA, type Mode } from "../eval/memory-qa.js";
 import { reportName, writeMemoryQAReport } from "../eval/report.js";
 import { snakeKeys, stderrBar } from "./output.js";
-import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, numberOption } from "./options.js";
+import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, numberOption } from "./options.js";
 import { MAX_RERANK_DEPTH, type MemoryRerank } from "../dki/routing.js";
-import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
 import type { Embedder } from "../memory/types.js";
 import type { DKIConfigInput } from "../dki/config.js";
 import { readConfigFile } from "./config-file.js";
@@ -71,15 +70,14 @@ export function registerEval(program: Command): Command {
     .option("--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker) that reorders the memory search's candidates before rag and dki* keep the top-k")
     .option("--rerank-depth <n>", `with --rerank-model: candidates searched and reranked (default max(20, 4 × top-k), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH))
     .action(async (f: MemoryFlags) => {
-      if (f.rerankDepth !== undefined && f.rerankModel === undefined) throw new Error("--rerank-depth needs --rerank-model");
       const dkiConfig = f.config === undefined ? undefined : await readConfigFile(f.config);
       const embedder = await embedderOption(f.embedder);
       // Loaded before the model, so a bad folder fails fast; closed however the run ends.
-      const reranker = f.rerankModel === undefined ? undefined : await OnnxCrossEncoder.load(f.rerankModel);
+      const memoryRerank = await memoryRerankOption(f.rerankModel, f.rerankDepth);
       try {
-        await evalMemory(f, dkiConfig, embedder, reranker === undefined ? undefined : { reranker, depth: f.rerankDepth });
+        await evalMemory(f, dkiConfig, embedder, memoryRerank);
       } finally {
-        await reranker?.close();
+        await memoryRerank?.reranker.close();
       }
     });
   return group;

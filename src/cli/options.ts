@@ -5,6 +5,8 @@ import { OnnxEmbedder } from "../memory/embedders/onnx.js";
 import { HashingEmbedder } from "../memory/embedders/hashing.js";
 import { HttpEmbedder, firstWorkingEmbedder, type EmbedderCandidate } from "../memory/embedders/http.js";
 import type { Embedder } from "../memory/types.js";
+import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
+import type { MemoryRerank } from "../dki/routing.js";
 
 // Digits only: Number() would take "" as 0, "0x5" as 5 and "1e3" as 1000.
 const INTEGER = /^\s*-?\d+\s*$/;
@@ -120,6 +122,12 @@ export async function embedderOption(spec: string | undefined): Promise<Embedder
   const r = await firstWorkingEmbedder(items.map(embedderCandidate));
   if (r.skipped.length > 0) process.stderr.write(`dki: embedder ${r.name} (${r.embedder.id}); skipped ${r.skipped.map((s) => `${s.name}: ${s.reason}`).join("; ")}\n`);
   return r.embedder;
+}
+
+/** --rerank-model and --rerank-depth: the routing reranker (loaded now, so a bad folder is a usage error; the caller closes it), or undefined. */
+export async function memoryRerankOption(model: string | undefined, depth: number | undefined): Promise<MemoryRerank | undefined> {
+  if (depth !== undefined && model === undefined) throw new Error("--rerank-depth needs --rerank-model");
+  return model === undefined ? undefined : { reranker: await OnnxCrossEncoder.load(model), depth };
 }
 
 // The engine's thread pool takes 0 (the default) to native().limits.threads (1024); written out here

@@ -11,8 +11,7 @@ import { createServer, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE } from "../server/a
 import { ApiKeys } from "../server/auth.js";
 import { ServerSystems } from "../server/systems.js";
 import { MAX_RERANK_DEPTH } from "../dki/routing.js";
-import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
-import { deviceOption, EMBEDDER_HELP, embedderOption, intOption, threadsOption } from "./options.js";
+import { deviceOption, EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, threadsOption } from "./options.js";
 import { checkCacheFolder, checkModelPath, checkStoreExists } from "./paths.js";
 import { loadOptions } from "./turn.js";
 
@@ -52,9 +51,8 @@ async function serve(flags: ServeFlags): Promise<void> {
   }
   await checkCacheFolder(flags.cache ?? defaultCacheDir(flags.data), flags.cache === undefined ? "the K/V cache folder" : "--cache");
   const config = flags.config === undefined ? undefined : await readConfigFile(flags.config);
-  if (flags.rerankDepth !== undefined && flags.rerankModel === undefined) throw new Error("--rerank-depth needs --rerank-model");
-  // Loaded before listening, so a bad folder is a usage error; the systems own it from then on.
-  const reranker = flags.rerankModel === undefined ? undefined : await OnnxCrossEncoder.load(flags.rerankModel);
+  // Loaded before listening; the systems own it from then on.
+  const memoryRerank = await memoryRerankOption(flags.rerankModel, flags.rerankDepth);
   const embedder = await embedderOption(flags.embedder);
   // Checked before listening: a bad setting is a usage error, not a server that never gets ready.
   resolveConfig(config, embedder);
@@ -89,7 +87,7 @@ async function serve(flags: ServeFlags): Promise<void> {
 
   let systems: ServerSystems;
   try {
-    systems = await ServerSystems.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank: reranker === undefined ? undefined : { reranker, depth: flags.rerankDepth } });
+    systems = await ServerSystems.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank });
   } catch (e) {
     server.failed(e);
     await server.close();
