@@ -7,7 +7,7 @@
 // those, and its τ is calibrated for the embedder, not for the reranker.
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, Reranker, SearchResult } from "../memory/types.js";
-import { rerankerScores } from "../memory/reranker.js";
+import { isReranker, rerankerScores } from "../memory/reranker.js";
 
 export interface RouteOptions {
   userId: string;
@@ -30,7 +30,7 @@ export const MAX_RERANK_DEPTH = 100;
 
 export function checkMemoryRerank(r: MemoryRerank | undefined): void {
   if (r === undefined) return;
-  if (typeof r !== "object" || r === null || typeof r.reranker?.score !== "function") throw new DkiArgumentError("memoryRerank.reranker must be a Reranker (an object with score(query, passages))");
+  if (typeof r !== "object" || r === null || !isReranker(r.reranker)) throw new DkiArgumentError("memoryRerank.reranker must be a Reranker (an object with score(query, passages))");
   if (r.depth !== undefined && (!Number.isInteger(r.depth) || r.depth < 1 || r.depth > MAX_RERANK_DEPTH)) {
     throw new DkiArgumentError(`memoryRerank.depth must be an integer from 1 to ${MAX_RERANK_DEPTH}, got ${String(r.depth)}`);
   }

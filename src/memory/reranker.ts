@@ -3,6 +3,11 @@
 import { DkiArgumentError } from "../errors.js";
 import type { Reranker } from "./types.js";
 
+/** Whether `x` has a Reranker's shape (checked where one is passed in, before any turn uses it). */
+export function isReranker(x: unknown): x is Reranker {
+  return typeof x === "object" && x !== null && typeof (x as Reranker).score === "function";
+}
+
 /** The reranker's scores of `texts`, one per text, each a number in [0, 1]; `noun` names a text in errors ([one, many]). */
 export async function rerankerScores(reranker: Reranker, query: string, texts: string[], noun: readonly [string, string]): Promise<number[]> {
   const scores = await reranker.score(query, texts);

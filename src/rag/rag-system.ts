@@ -28,6 +28,7 @@ import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import type { LeftOut } from "../dki/system.js";
 import { routeMemories, type MemoryRerank } from "../dki/routing.js";
+import { isReranker } from "../memory/reranker.js";
 import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
@@ -349,7 +350,7 @@ export class RAGSystem {
         checkStepsOptions(o.steps);
         resolveStrategies(o.adaptive);
         if (o.answerCache !== undefined) resolveAnswerCache(o.answerCache);
-        if (o.reranker !== undefined && (o.reranker === null || typeof o.reranker !== "object" || typeof o.reranker.score !== "function")) {
+        if (o.reranker !== undefined && !isReranker(o.reranker)) {
           throw new DkiArgumentError("reranker must be a Reranker: an object with score(query, passages), e.g. OnnxCrossEncoder.load(dir)");
         }
         return resolveRagConfig(o.rag);
