@@ -53,7 +53,7 @@ export type Tier = "L1" | "L2" | "L3" | "L4";
 export interface BlockRequest {
   userId: string;
   /** Token ids of the block. */
-  tokens: number[];
+  tokens: readonly number[];
   /** Position of its first token (default 0). */
   startPos?: number;
   /** Tokens encoded before the block but not kept (see ComputeBlockOptions.prefix); part of the key. */
@@ -64,7 +64,7 @@ export interface BlockRequest {
 export interface CacheModel {
   readonly info: { readonly fingerprint: string; readonly device?: "cpu" | "cuda" };
   nativeHandle(): NativeModelHandle;
-  computeBlock(tokens: number[], opts: ComputeBlockOptions): Promise<KVBlock>;
+  computeBlock(tokens: readonly number[], opts: ComputeBlockOptions): Promise<KVBlock>;
 }
 
 export interface CacheBudgets {
@@ -176,7 +176,7 @@ interface Job {
 interface Identified {
   key: string;
   userHash: string;
-  tokens: number[];
+  tokens: readonly number[];
   startPos: number;
   prefix: number[];
 }
@@ -203,6 +203,7 @@ export class TieredKVCache {
   private readonly loads = new Set<Job>();
   private clock = 0;
   private closed = false;
+  private lastUser: { id: string; hash: string } | null = null;
   private readonly hits = { L1: 0, L2: 0, L3: 0, L4: 0 };
   private readonly misses = { L1: 0, L2: 0, L3: 0, L4: 0 };
   private readonly latency = { L1: new LatencyStats(), L2: new LatencyStats(), L3: new LatencyStats(), L4: new LatencyStats() };
@@ -751,7 +752,13 @@ export class TieredKVCache {
     const startPos = req.startPos ?? 0;
     if (!Number.isInteger(startPos) || Math.abs(startPos) > 0x7fffffff) throw new DkiArgumentError(`startPos must be an integer, got ${String(startPos)}`);
     const key = blockKey({ userId: req.userId, fingerprint: this.model.info.fingerprint, tokens: req.tokens, startPos, prefix, dtype: "f32" });
-    return { key, userHash: userHash(req.userId), tokens: req.tokens, startPos, prefix };
+    return { key, userHash: this.userHashOf(req.userId), tokens: req.tokens, startPos, prefix };
+  }
+
+  /** A turn asks for many blocks of one user: the hash of the last user is kept. */
+  private userHashOf(userId: string): string {
+    if (this.lastUser?.id !== userId) this.lastUser = { id: userId, hash: userHash(userId) };
+    return this.lastUser.hash;
   }
 
   /** A block may only stand for a request if the same model computed the same tokens at the same position. */

@@ -35,7 +35,7 @@ export interface BlockSource {
 export interface BlockSpec {
   /** Names the block in reports ("preferences", a memory id, a chunk id). */
   name: string;
-  tokens: number[];
+  tokens: readonly number[];
   alpha: number;
   scaling?: "value" | "logit";
   /** Divides the block's attention scores (APE); default 1. */

@@ -24,6 +24,34 @@ export function tokenCounter(tok: Pick<PromptTokenizer, "encode">): TokenCounter
   return { count: (text) => (text === "" ? 0 : tok.encode(text, { addSpecialTokens: false }).length) };
 }
 
+/**
+ * The tokens (no special tokens) of recently seen texts, least recently used dropped past
+ * `capacity`. A user's memories are routed turn after turn, and encoding them again cost more
+ * than the rest of a turn's assembly (DKI) or of its prompt budgeting (RAG), so both systems
+ * count and encode through one of these. The arrays are shared: nothing may change them.
+ */
+export class TokenMemo implements TokenCounter {
+  private readonly texts = new Map<string, readonly number[]>();
+
+  constructor(
+    private readonly tok: Pick<PromptTokenizer, "encode">,
+    private readonly capacity = 4096,
+  ) {}
+
+  tokens(text: string): readonly number[] {
+    let tokens = this.texts.get(text);
+    if (tokens === undefined) tokens = this.tok.encode(text, { addSpecialTokens: false });
+    else this.texts.delete(text); // re-inserted last: the Map's order is least recently used first
+    this.texts.set(text, tokens);
+    if (this.texts.size > this.capacity) this.texts.delete(this.texts.keys().next().value!);
+    return tokens;
+  }
+
+  count(text: string): number {
+    return text === "" ? 0 : this.tokens(text).length;
+  }
+}
+
 export type HistoryLanguage = "cn" | "en";
 
 export interface HistoryTemplate {

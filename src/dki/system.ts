@@ -27,7 +27,7 @@ import { FairQueue } from "./fair-queue.js";
 import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
-import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, tokenCounter, type HistoryLanguage, type HistoryMessage, type HybridPrompt, type TokenCounter } from "./prompt.js";
+import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, TokenMemo, type HistoryLanguage, type HistoryMessage, type HybridPrompt } from "./prompt.js";
 import { routeMemories, type MemoryRerank } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
@@ -41,7 +41,7 @@ export interface DKISystemOptions extends SystemOpenOptions {
 /** Sessions whose injected blocks clearSessionCache can find (the most recently active). */
 export const TRACKED_SESSIONS = 10_000;
 
-/** Block texts (memories, merged preferences) whose tokens are remembered across turns. */
+/** Texts (memories, merged preferences, history messages) whose tokens are remembered across turns. */
 const ENCODED_TEXTS = 4096;
 
 export interface ChatOptions extends TurnOptions {
@@ -183,11 +183,11 @@ interface Prepared {
 
 export class DKISystem {
   private readonly queue = new FairQueue();
-  private readonly counter: TokenCounter;
+  /** Counts and encodes block texts and history; remembers the texts of recent turns. */
+  private readonly counter: TokenMemo;
   private readonly ledger = new TurnLedger("DKISystem");
   private readonly sessions = new SessionTurns();
   private readonly sessionKeys = new Map<string, Set<string>>();
-  private readonly encoded = new Map<string, number[]>();
 
   private constructor(
     readonly model: Model,
@@ -198,7 +198,7 @@ export class DKISystem {
     private readonly history: HistoryProvider,
     private readonly memoryRerank: MemoryRerank | undefined,
   ) {
-    this.counter = tokenCounter(model.tokenizer);
+    this.counter = new TokenMemo(model.tokenizer, ENCODED_TEXTS);
     this.recallV4 = history instanceof RecallHistoryProvider ? history : null;
     this.promptTok = this.recallV4 === null ? model.tokenizer : formattedTokenizer(model.tokenizer, config.recall.prompt_formatter);
   }
@@ -399,7 +399,7 @@ export class DKISystem {
     });
     lat.gatingMs = performance.now() - t;
 
-    const memories: { r: SearchResult; tokens: number[] }[] = [];
+    const memories: { r: SearchResult; tokens: readonly number[] }[] = [];
     const leftOut: LeftOut[] = [];
     if (gating.inject) {
       let budget = c.memoryMaxTokens;
@@ -410,7 +410,7 @@ export class DKISystem {
           leftOut.push({ id, reason: `relevance ${relevance(r).toFixed(3)} is below the threshold ${g.relevanceThreshold.toFixed(3)}` });
           continue;
         }
-        const tokens = this.memoryTokens(r.memory.text);
+        const tokens = this.counter.tokens(r.memory.text);
         // Two memories with the same text would be one block injected twice: the first stands for both.
         const twin = memories.find((m) => m.tokens.length === tokens.length && m.tokens.every((t, i) => t === tokens[i]));
         if (twin) {
@@ -429,7 +429,7 @@ export class DKISystem {
       if (c.memoryOrder === "time") memories.sort((a, b) => a.r.memory.createdAt - b.r.memory.createdAt || cmp(a.r.memory.id, b.r.memory.id));
     }
     const specs: BlockSpec[] = [];
-    const prefTokens = plan.preferences.text === "" ? [] : this.memoryTokens(plan.preferences.text);
+    const prefTokens = plan.preferences.text === "" ? [] : this.counter.tokens(plan.preferences.text);
     // The engine's rule: a block is injected exactly when its α ≥ alphaThreshold (α = 0 included at threshold 0).
     const preferenceInjected = prefTokens.length > 0 && c.preferenceAlpha >= g.alphaThreshold;
     if (preferenceInjected) specs.push({ name: "preferences", tokens: prefTokens, alpha: c.preferenceAlpha });
@@ -466,19 +466,6 @@ export class DKISystem {
     };
   }
 
-  /**
-   * A block's text as tokens (no special tokens), remembered for the texts of recent turns: the
-   * same memories are routed turn after turn, and encoding them again cost more than the rest of
-   * the assembly. The arrays are shared: nothing may change them.
-   */
-  private memoryTokens(text: string): number[] {
-    let tokens = this.encoded.get(text);
-    if (tokens === undefined) tokens = this.model.tokenizer.encode(text, { addSpecialTokens: false });
-    else this.encoded.delete(text); // re-inserted last: the Map's order is least recently used first
-    this.encoded.set(text, tokens);
-    if (this.encoded.size > ENCODED_TEXTS) this.encoded.delete(this.encoded.keys().next().value!);
-    return tokens;
-  }
 
   /** The tokens each block is encoded behind (part of its cache key). */
   private encodingPrefix(systemPrompt: string | undefined, useTemplate: boolean): number[] {

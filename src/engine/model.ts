@@ -49,7 +49,7 @@ export interface ComputeBlockOptions {
    * Tokens encoded before the block but not kept (e.g. BOS + system prompt), so the block's
    * keys/values are computed in the context they will be used in.
    */
-  prefix?: number[];
+  prefix?: readonly number[];
   /** Keep the block in GPU memory (a model loaded with device "cuda" only): it never crosses PCIe. */
   onDevice?: boolean;
 }
@@ -323,7 +323,7 @@ export class Model {
   }
 
   /** Computes a K/V block for text or token ids with this model. */
-  async computeBlock(input: string | number[], opts: ComputeBlockOptions = {}): Promise<KVBlock> {
+  async computeBlock(input: string | readonly number[], opts: ComputeBlockOptions = {}): Promise<KVBlock> {
     const tokens = typeof input === "string" ? this.tokenizer.encode(input, { addSpecialTokens: false }) : input;
     const prefix = opts.prefix ?? [];
     const startPos = opts.startPos ?? 0;
@@ -543,7 +543,7 @@ export class Model {
    * Token ids for `what` ("the prompt", "the memory"): not empty, at most `max.tokens` (by default
    * the context window), in the vocabulary.
    */
-  checkTokens(tokens: number[], what = "the prompt", max: { tokens: number; name: string } = { tokens: this.contextSize, name: "of the context window" }): void {
+  checkTokens(tokens: readonly number[], what = "the prompt", max: { tokens: number; name: string } = { tokens: this.contextSize, name: "of the context window" }): void {
     if (tokens.length === 0) throw new DkiArgumentError(`${what} is empty`);
     if (tokens.length > max.tokens) {
       throw new DkiArgumentError(`${what} has ${tokens.length} tokens, more than the ${max.tokens} tokens ${max.name}`);
@@ -552,7 +552,7 @@ export class Model {
   }
 
   /** Throws a DkiArgumentError, prefixed with `what`, for an id that is not an integer in the vocabulary. */
-  checkTokenIds(tokens: number[], what: string): void {
+  checkTokenIds(tokens: readonly number[], what: string): void {
     const V = this.config.vocabSize;
     for (const t of tokens) {
       if (!Number.isInteger(t)) throw new DkiArgumentError(`${what}: token ids must be integers, got ${shown(t)}`);

@@ -8,7 +8,7 @@
 // so the final prompt (whose token boundaries can differ at the joins) is counted again, and if it
 // is still over budget the prompt falls back to the bare query with a warning (§4.4).
 import { DkiArgumentError } from "../errors.js";
-import { tokenCounter } from "../dki/prompt.js";
+import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
 import type { Tokenizer } from "../tokenizer/tokenizer.js";
 
 /** What the builder needs of a tokenizer: counts, and the chat template for the "chat" layout. */
@@ -162,8 +162,11 @@ function truncateToFit(line: string, fits: (s: string) => boolean): string | nul
   return fits(out) ? out : null;
 }
 
-/** Builds the RAG prompt within the budget; throws only when even the bare query cannot fit. */
-export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput, budget: RagBudget): RagPromptBuild {
+/**
+ * Builds the RAG prompt within the budget; throws only when even the bare query cannot fit.
+ * `counter` counts the context and history lines (a TokenMemo remembers them across turns).
+ */
+export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput, budget: RagBudget, counter: TokenCounter = tokenCounter(tokenizer)): RagPromptBuild {
   checkInput(input, budget);
   const layout = budget.layout ?? "seed";
   const reserve = budget.reserveForGeneration ?? 512;
@@ -171,7 +174,7 @@ export function buildRagPrompt(tokenizer: PromptTokenizer, input: RagPromptInput
   const system = input.systemPrompt ?? "";
   const history = input.history ?? [];
   const maxPrompt = budget.maxContext - reserve;
-  const countPart = tokenCounter(tokenizer).count;
+  const countPart = (text: string) => counter.count(text);
   const log: string[] = [];
   const warnings: string[] = [];
 

@@ -29,7 +29,7 @@ import { FairQueue } from "../dki/fair-queue.js";
 import type { LeftOut } from "../dki/system.js";
 import { routeMemories, type MemoryRerank } from "../dki/routing.js";
 import { isReranker } from "../memory/reranker.js";
-import { tokenCounter, type TokenCounter } from "../dki/prompt.js";
+import { TokenMemo } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
 import { contextBlock, extractCitations, sourceLabel, type CitationMap, type CitationSource } from "./citations.js";
 import { buildRagPrompt, type HistoryMessage, type PromptLayout, type RagPromptInfo } from "./prompt-builder.js";
@@ -310,7 +310,8 @@ function checkStepsOptions(o: StepsOptions | undefined): void {
 
 export class RAGSystem {
   private readonly queue = new FairQueue();
-  private readonly counter: TokenCounter;
+  /** Counts memory texts and prompt lines; remembers those of recent turns, as DKISystem does. */
+  private readonly counter: TokenMemo;
   private readonly ledger = new TurnLedger("RAGSystem");
   private readonly sessions = new SessionTurns();
   private cache: TieredKVCache | null = null;
@@ -331,7 +332,7 @@ export class RAGSystem {
     private readonly memoryRerank: MemoryRerank | undefined,
     private readonly reranker: Reranker | null,
   ) {
-    this.counter = tokenCounter(model.tokenizer);
+    this.counter = new TokenMemo(model.tokenizer);
   }
 
   static async open(o: RAGSystemOptions): Promise<RAGSystem> {
@@ -533,7 +534,7 @@ export class RAGSystem {
       const candidates: { text: string; source: ContextSource }[] = kept.map((r) => ({ text: r.memory.text, source: { kind: "memory", memoryId: r.memory.id, score: r.score } }));
       const chunkSources = kb.map((r) => ({ kind: "chunk" as const, ...r.source, score: r.score }));
       if (kbMode === "text") kb.forEach((r, i) => candidates.push({ text: contextBlock(r.chunk.text, r.source), source: chunkSources[i] }));
-      const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout, truncateFirstContext: this.rag.truncateFirstContext });
+      const built = buildRagPrompt(this.model.tokenizer, { query, systemPrompt, contexts: candidates.map((c) => c.text), history }, { maxContext: this.model.contextSize, reserveForGeneration: this.config.generationReserve, contextShare: this.rag.contextShare, layout, truncateFirstContext: this.rag.truncateFirstContext }, this.counter);
       const used = candidates.slice(0, built.contextsUsed);
       lat.promptMs += performance.now() - tp;
       const tq = performance.now();
