@@ -208,14 +208,13 @@ void Context::plan_attended() {
       attended_.push_back(segments_[i]);
       attended_turns_.push_back(segment_turns_[i]);
     } else {
-      // The first block moved to where it sits; concat_blocks lays the others out right after
-      // it, which is where they sit too (the run is adjacent): each block's keys rotated once.
+      // Laid out from where the first block sits; the others follow it, which is where they sit
+      // too (the run is adjacent): each block copied once, its keys rotated as they land.
       std::vector<BlockPtr> run_blocks;
       const Segment& first = segments_[i];
-      run_blocks.push_back(first.shift == 0 ? first.block : remap_positions(*first.block, int(start(first)), model_->inv_freq(), c.rope_interleaved));
-      for (size_t k = i + 1; k < j; k++) run_blocks.push_back(segments_[k].block);
+      for (size_t k = i; k < j; k++) run_blocks.push_back(segments_[k].block);
       Segment m = first;
-      m.block = concat_blocks(run_blocks, model_->inv_freq(), c.rope_interleaved);
+      m.block = concat_blocks(run_blocks, model_->inv_freq(), c.rope_interleaved, int(start(first)));
       m.shift = 0;
       attended_.push_back(m);
       attended_turns_.emplace_back();

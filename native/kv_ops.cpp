@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "common.h"
 #include "kernels/kernels.h"
@@ -160,7 +161,7 @@ BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<doub
   return out;
 }
 
-BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved) {
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved, std::optional<int> start) {
   if (blocks.empty()) throw Error("concat needs at least one block");
   const KVBlock& first = *blocks[0];
   int64_t total = 0;
@@ -172,15 +173,34 @@ BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<do
     total += b->n_tokens;
   }
   if (total > kMaxTokens) throw Error("concatenated block would exceed " + std::to_string(kMaxTokens) + " tokens");
+  const int64_t from = start.value_or(first.start_pos);
+  if (from < -kMaxPosition || from + total > kMaxPosition)
+    throw Error("concat: positions " + std::to_string(from) + ".." + std::to_string(from + total - 1) + " are outside ±" + std::to_string(kMaxPosition));
 #ifdef DKI_CUDA
-  if (first.device) return cuda_concat_blocks(blocks, int(total), inv_freq, interleaved);
+  if (first.device) {
+    if (from == first.start_pos) return cuda_concat_blocks(blocks, int(total), inv_freq, interleaved);
+    std::vector<BlockPtr> moved = blocks;
+    moved[0] = cuda_remap_positions(first, int(from), inv_freq, interleaved);
+    return cuda_concat_blocks(moved, int(total), inv_freq, interleaved);
+  }
 #endif
+  // Each block's keys are copied, then turned by the distance to where they land: one copy of each
+  // block, not a moved copy of it first (DKISystem coalesces a turn's memory blocks with this).
   auto out = like(first, int(total));
+  out->start_pos = int(from);
+  const int hd = first.head_dim;
   int at = 0;
   for (const auto& b : blocks) {
-    const int want = first.start_pos + at;
-    BlockPtr placed = b->start_pos == want ? b : remap_positions(*b, want, inv_freq, interleaved);
-    copy_tokens(*placed, 0, b->n_tokens, *out, at);
+    copy_tokens(*b, 0, b->n_tokens, *out, at);
+    const int64_t delta = from + at - b->start_pos;
+    if (delta != 0) {
+      const std::vector<float> cs = rotation_by(delta, inv_freq);
+      for (int l = 0; l < out->n_layers; l++)
+        for (int h = 0; h < out->n_kv_heads; h++) {
+          float* rows = out->k.data() + ((size_t(l) * out->n_kv_heads + h) * size_t(total) + at) * hd;
+          for (int t = 0; t < b->n_tokens; t++) rotate_pairs(rows + size_t(t) * hd, hd, cs.data(), cs.data() + hd / 2, interleaved);
+        }
+    }
     out->tokens.insert(out->tokens.end(), b->tokens.begin(), b->tokens.end());
     at += b->n_tokens;
   }

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "checksum.h"
@@ -19,8 +20,8 @@ BlockPtr scale_values(const KVBlock& b, float alpha);
 // inv_freq and interleaved describe the model's rotary embedding (Model::inv_freq, config).
 BlockPtr remap_positions(const KVBlock& b, int new_start, const std::vector<double>& inv_freq, bool interleaved);
 // Joins blocks along the token axis, placing each right after the previous (keys re-rotated
-// where a block does not already sit there).
-BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved);
+// where a block does not already sit there), the first at `start` (default: where it sits).
+BlockPtr concat_blocks(const std::vector<BlockPtr>& blocks, const std::vector<double>& inv_freq, bool interleaved, std::optional<int> start = std::nullopt);
 // Tokens [from, to) of a block.
 BlockPtr slice_block(const KVBlock& b, int from, int to);
 
