@@ -87,8 +87,14 @@ test("pref add/list/rm, memory import, user erase clearing the K/V cache beside 
     hit.release();
   }
   await cache.close();
+  // Knowledge-base collections beside the store: conv-26's own goes with it; a group's and a shared one stay.
+  await dki(["kb", "create", "notes-26", "--data", data, "--owner-user", "conv-26"]);
+  await dki(["kb", "create", "team", "--data", data, "--owner-prefix", "conv-"]);
+  await dki(["kb", "create", "handbook", "--data", data]);
   const erased = JSON.parse((await dki(["user", "erase", "conv-26", "--data", data, "--format", "json", "--yes"])).stdout) as Record<string, unknown>;
-  expect(erased).toMatchObject({ user_id: "conv-26", memories: 0, preferences: 2, cache_cleared: true, cache: cacheDir });
+  expect(erased).toMatchObject({ user_id: "conv-26", memories: 0, preferences: 2, cache_cleared: true, cache: cacheDir, collections: ["notes-26"] });
+  expect((await dki(["kb", "list", "--data", data])).stdout).toBe("handbook\t0 documents\t0 chunks\nteam\t0 documents\t0 chunks\towner conv-*\n");
+  expect((await dki(["user", "erase", "conv-26", "--data", data, "--yes"])).stdout).toMatch(/; K\/V cleared from .*; 0 knowledge-base collections removed\n$/);
   cache = await TieredKVCache.open({ model, dir: cacheDir, budgets: { l1Bytes: 1e7, l2Bytes: 1e7, l3Bytes: 1e8 } });
   try {
     expect(cache.locate(keys["conv-26"])).toEqual([]);

@@ -14,7 +14,8 @@ import { MemoryStore } from "../memory/memory-store.js";
 import type { ImportAs, ImportFormat } from "../memory/import.js";
 import type { Filter, Memory, Metadata, Preference } from "../memory/types.js";
 import { decodeUtf8, replacementCharacters } from "../util/utf8.js";
-import { knowledgeBaseDir } from "./kb.js";
+import { knowledgeBaseDir, openKnowledgeBase } from "./kb.js";
+import { KnowledgeBase } from "../rag/kb/knowledge-base.js";
 import { snakeKeys, stderrBar } from "./output.js";
 import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, jsonOption, numberOption, snippet } from "./options.js";
 import { checkCacheFolder, checkStoreExists } from "./paths.js";
@@ -223,14 +224,17 @@ export function registerMemoryCommands(program: Command): void {
     }),
   );
   output(
-    store(user.command("erase <user>").description("erase every record of a user: memories, preferences, conversations, audit entries, index files and cached K/V"))
+    store(user.command("erase <user>").description("erase every record of a user: memories, preferences, conversations, audit entries, index files, cached K/V and the knowledge-base collections the user owns alone"))
       .option("--cache <dir>", "the K/V cache folder to clear too (default <data>.kv-cache when it exists)")
       .option("-y, --yes", "erase without asking (needed when stdin is not a terminal)"),
   ).action(async (userId: string, f: StoreFlags & { cache?: string; yes?: boolean; format: OutputFormat }) => {
     checkStoreExists(f.data);
     const folder = await cacheFolder(f.data, f.cache);
+    // The collections the user owns alone are the user's data too, as `DELETE /v1/users/:id` removes them.
+    const kbDir = KnowledgeBase.exists(knowledgeBaseDir(f.data)) ? knowledgeBaseDir(f.data) : undefined;
+    const also = [folder === undefined ? "" : `its K/V in ${folder}`, kbDir === undefined ? "" : `the collections it owns in ${kbDir}`].filter((x) => x !== "").join(" and ");
     // Asked before the store opens, so a question left unanswered holds no lock.
-    if (!(await confirmed(`erase every record of user ${JSON.stringify(userId)} in ${f.data}${folder === undefined ? "" : ` and its K/V in ${folder}`}? This cannot be undone. [y/N] `, f.yes === true))) {
+    if (!(await confirmed(`erase every record of user ${JSON.stringify(userId)} in ${f.data}${also === "" ? "" : ` and ${also}`}? This cannot be undone. [y/N] `, f.yes === true))) {
       throw new Error("not confirmed: nothing erased");
     }
     await withStore(f, "must exist", async (s) => {
@@ -244,10 +248,21 @@ export function registerMemoryCommands(program: Command): void {
             });
       try {
         const r = await s.eraseUser(userId, { cache });
+        let collections: string[] = [];
+        if (kbDir !== undefined) {
+          // Removing reads no vectors: the default embedder opens any knowledge base for it.
+          const kb = await openKnowledgeBase(f.data, { mustExist: true });
+          try {
+            collections = await kb.removeCollectionsOwnedBy(userId);
+          } finally {
+            await kb.close();
+          }
+        }
         print(
           f.format,
-          { user_id: userId, memories: r.memories, preferences: r.preferences, turns: r.turns, audit_entries: r.auditEntries, cache_cleared: r.cacheCleared, cache: folder ?? null },
-          `erased ${userId}: ${r.memories} memories, ${r.preferences} preferences, ${r.turns} conversation turns, ${r.auditEntries} audit entries${folder === undefined ? "; no K/V cache folder" : `; K/V cleared from ${folder}`}`,
+          { user_id: userId, memories: r.memories, preferences: r.preferences, turns: r.turns, audit_entries: r.auditEntries, cache_cleared: r.cacheCleared, cache: folder ?? null, collections },
+          `erased ${userId}: ${r.memories} memories, ${r.preferences} preferences, ${r.turns} conversation turns, ${r.auditEntries} audit entries${folder === undefined ? "; no K/V cache folder" : `; K/V cleared from ${folder}`}` +
+            (kbDir === undefined ? "" : `; ${collections.length} knowledge-base collection${collections.length === 1 ? "" : "s"} removed${collections.length === 0 ? "" : ` (${collections.join(", ")})`}`),
         );
       } finally {
         await cache?.close();
