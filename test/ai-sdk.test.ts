@@ -11,6 +11,8 @@ import { Model } from "../src/engine/model.js";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import type { DKISystem } from "../src/dki/system.js";
 import { createDki, type DkiProvider } from "../src/integrations/ai-sdk/index.js";
+import { routeMemories } from "../src/dki/routing.js";
+import { OnnxCrossEncoder } from "../src/memory/embedders/onnx-cross-encoder.js";
 import { repoRoot, tempDir } from "./support/paths.js";
 import { as, HIKING, HIKING_Q, meta, streamAbortedAtFirstText } from "./support/ai-sdk.js";
 
@@ -251,6 +253,28 @@ describe("embeddings", () => {
     expect(many.embeddings).toEqual(ownMany.map((v) => Array.from(v)));
     // No token count is known for the hashing embedder: none is claimed.
     expect(many.usage.tokens).toBeNaN();
+  });
+});
+
+describe("memoryRerank", () => {
+  test("a routing reranker picks the memory for both modes: dki injects it and rag prompts with it", async () => {
+    const reranker = await OnnxCrossEncoder.load(`${repoRoot}/models/memory-qa-reranker`, { threads: 1 });
+    const p = createDki({ model, dataDir: tempDir(), config: { maxMemories: 1, generationReserve: 128 }, memoryRerank: { reranker } });
+    try {
+      const s = await p.system();
+      const q = "What is the name of the user's dog?";
+      await s.memories.add("User: Is my dog named? My friend's dog is Pelvorin.", { userId: "carol" });
+      const [own] = await s.memories.add("User: I have a dog named Corsadro.", { userId: "carol" });
+      // The search alone puts the friend's dog first: only the reranker brings the user's own up.
+      expect((await routeMemories(s.store, q, { userId: "carol", limit: 1 }))[0]!.memory.id).not.toBe(own!.id);
+      for (const mode of ["dki", "rag"] as const) {
+        const r = await generateText({ model: p(mode), prompt: q, maxOutputTokens: 2, providerOptions: as("carol", `rr-${mode}`, mode === "dki" ? { alpha: 1 } : {}) });
+        expect((meta(r.providerMetadata).memories as { id: string }[]).map((x) => x.id)).toEqual([own!.id]);
+      }
+    } finally {
+      await p.close();
+      await reranker.close();
+    }
   });
 });
 

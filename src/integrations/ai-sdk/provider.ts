@@ -149,7 +149,7 @@ function createLocalProvider(settings: DkiProviderSettings): DkiProvider {
     return {
       dki: o.dki,
       rag: () => {
-        o.rag ??= RAGSystem.open({ model: o.model, dataDir: settings.dataDir, embedder: settings.embedder, config: settings.config, rag: settings.rag, openStore: async () => borrowed(o.dki.store) }).catch((e: unknown) => {
+        o.rag ??= RAGSystem.open({ model: o.model, dataDir: settings.dataDir, embedder: settings.embedder, config: settings.config, rag: settings.rag, memoryRerank: settings.memoryRerank, openStore: async () => borrowed(o.dki.store) }).catch((e: unknown) => {
           o.rag = null;
           throw e;
         });
