@@ -8,7 +8,7 @@ import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
 import { dki, dkiBin, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
-import { tempDir } from "./support/paths.js";
+import { repoRoot, tempDir } from "./support/paths.js";
 
 let model: string;
 let data: string;
@@ -72,6 +72,30 @@ describe("dki chat", () => {
     expect(err).toMatch(/dki: .*nope/);
     expect(err).toMatch(/unknown command \/bogus/);
     expect(out.length).toBeGreaterThan(0);
+  });
+
+  test("--rerank-model routes the memories of both modes with the cross-encoder: the trained model then answers from the right one", { timeout: 60_000 }, async () => {
+    const qa = join(repoRoot, "models", "memory-qa-block-aware");
+    const xenc = join(repoRoot, "models", "memory-qa-reranker");
+    const store = join(tempDir(), "dogs");
+    await dki(["memory", "add", "--data", store, "--user", "carol", "User: Is my dog named? My friend's dog is Pelvorin."]);
+    await dki(["memory", "add", "--data", store, "--user", "carol", "User: I have a dog named Corsadro."]);
+    const ask = async (extra: string[]) => {
+      const instruction = 'Answer the question about the user in a few words. If it was never mentioned, answer "not mentioned".';
+      const r = JSON.parse((await dki(["chat", "--model", qa, "--data", store, "--user", "carol", "--max-memories", "1", "--system", instruction, "--query", "What is the name of the user's dog?", "--format", "json", "-n", "12", "--threads", "1", ...extra])).stdout);
+      return { text: (r.text as string).trim(), memories: (r.memories_used as { text: string }[]).map((m) => m.text) };
+    };
+    // The search alone routes the friend's dog: the model copies the wrong name out of it.
+    const plain = await ask(["--alpha", "1"]);
+    expect(plain.memories).toEqual(["User: Is my dog named? My friend's dog is Pelvorin."]);
+    expect(plain.text).not.toMatch(/Corsadro/);
+    for (const mode of [["--alpha", "1"], ["--mode", "rag"]]) {
+      const r = await ask([...mode, "--rerank-model", xenc, "--rerank-depth", "5"]);
+      expect(r.memories).toEqual(["User: I have a dog named Corsadro."]);
+      expect(r.text).toMatch(/Corsadro/);
+    }
+    expect(await dkiFails(["chat", "--model", qa, "--data", store, "--user", "carol", "--rerank-depth", "5", "--query", "q"])).toMatch(/--rerank-depth needs --rerank-model/);
+    expect(await dkiFails(["chat", "--model", qa, "--data", store, "--user", "carol", "--rerank-model", join(xenc, "nowhere"), "--query", "q"])).toMatch(/nowhere is not a folder/);
   });
 
   test("usage errors are one line naming the flag", async () => {

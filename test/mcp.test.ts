@@ -14,7 +14,7 @@ import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { makeTinyModel } from "../src/models/make-tiny.js";
 import { dkiBin, dkiFails } from "./support/dki-bin.js";
-import { tempDir } from "./support/paths.js";
+import { repoRoot, tempDir } from "./support/paths.js";
 
 const HIKING = "Alice loves hiking in the Alps and is allergic to peanuts.";
 const HIKING_Q = "Any tips for hiking in the Alps with a peanut allergy?";
@@ -40,8 +40,8 @@ const serverArgs = (data: string, cache: string) => [dkiBin, "mcp", "--model", m
 const serverStderr = new Map<Client, string[]>();
 
 /** A client of a stdio server started for `user` (by --user, or by DKI_MCP_USER when `viaEnv`). */
-async function stdioClient(data: string, user: string, o: { viaEnv?: boolean } = {}): Promise<Client> {
-  const args = [...serverArgs(data, tempDir()), ...(o.viaEnv ? [] : ["--user", user])];
+async function stdioClient(data: string, user: string, o: { viaEnv?: boolean; extra?: string[] } = {}): Promise<Client> {
+  const args = [...serverArgs(data, tempDir()), ...(o.viaEnv ? [] : ["--user", user]), ...(o.extra ?? [])];
   const transport = new StdioClientTransport({ command: process.execPath, args, env: { ...getDefaultEnvironment(), ...(o.viaEnv ? { DKI_MCP_USER: user } : {}) }, stderr: "pipe" });
   const client = new Client({ name: `test-${user}`, version: "1.0.0" });
   const lines: string[] = [];
@@ -134,6 +134,16 @@ describe("dki mcp over stdio", () => {
     // The client closing the server's stdin ends it in order (not by the SIGTERM the client sends to a server that stays).
     await c.close();
     expect(serverStderr.get(c)!.join("")).toMatch(/dki mcp: serving the memory of user "alice" over stdio .*\ndki mcp: stdin closed: stopped\n$/s);
+  });
+
+  test("--rerank-model: the chat tool's memories are picked by the cross-encoder from a deeper search", async () => {
+    const c = await stdioClient(tempDir(), "carol", { extra: ["--rerank-model", join(repoRoot, "models", "memory-qa-reranker"), "--max-memories", "1"] });
+    await call(c, "add_memory", { text: "User: Is my dog named? My friend's dog is Pelvorin." });
+    const own = ((await call(c, "add_memory", { text: "User: I have a dog named Corsadro." })).added as MemoryView[])[0]!;
+    // search_memories is the store's search (the friend's dog first); chat routes through the reranker.
+    expect(((await call(c, "search_memories", { query: "What is the name of the user's dog?", limit: 1 })).results as MemoryView[])[0]!.id).not.toBe(own.id);
+    const turn = await call(c, "chat", { query: "What is the name of the user's dog?", max_tokens: 1, alpha: 1 });
+    expect((turn.memories_used as { id: string }[]).map((m) => m.id)).toEqual([own.id]);
   });
 
   test("bad inputs are MCP tool errors naming the problem", async () => {

@@ -4,7 +4,7 @@
 // why. Ctrl-C during an answer cancels that turn only.
 import type { Command } from "commander";
 import { DKISystem, type ChatOptions, type DKIResponse } from "../dki/index.js";
-import { choiceOption, embedderOption, numberOption } from "./options.js";
+import { choiceOption, embedderOption, memoryRerankOption, numberOption, rerankDepthOption, rerankModelOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { ragCommand } from "./rag.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
@@ -14,13 +14,16 @@ function chatAsRag(flags: ChatFlags): Promise<void> {
   if (flags.alpha !== undefined) throw new Error("--alpha applies to --mode dki only");
   if (flags.relevanceThreshold !== undefined) throw new Error("--relevance-threshold applies to --mode dki only");
   if (flags.recall) throw new Error("--recall applies to --mode dki only");
-  return ragCommand(flags);
+  // chat's --rerank-model routes the memories, in both modes; dki rag's reranks a collection's chunks.
+  return ragCommand({ ...flags, rerankModel: undefined, rerankDepth: undefined, memoryRerank: { model: flags.rerankModel, depth: flags.rerankDepth } });
 }
 
 interface ChatFlags extends TurnFlags {
   alpha?: number;
   recall?: boolean;
   relevanceThreshold?: number;
+  rerankModel?: string;
+  rerankDepth?: number;
 }
 
 /** One line on what the turn injected, why and from where, and the session it went to. */
@@ -40,7 +43,11 @@ async function chat(flags: ChatFlags): Promise<void> {
   const config = await turnConfig(flags, { ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }), ...(flags.recall ? { recall: { enabled: true } } : {}) });
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
+  const memoryRerank = await memoryRerankOption(flags.rerankModel, flags.rerankDepth);
+  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank }).catch(async (e: unknown) => {
+    await memoryRerank?.reranker.close();
+    throw e;
+  });
   try {
     const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });
     if (flags.query !== undefined) {
@@ -55,7 +62,11 @@ async function chat(flags: ChatFlags): Promise<void> {
       command: (line, say) => sessionCommand(system, flags.user, session, line, say),
     });
   } finally {
-    await system.close();
+    try {
+      await system.close();
+    } finally {
+      await memoryRerank?.reranker.close();
+    }
   }
 }
 
@@ -100,6 +111,8 @@ export function registerChatCommand(program: Command): void {
       .option("--relevance-threshold <t>", "the gate's τ, in [0, 1] (default: the embedder's calibrated one, 0.162 for the hashing embedder; 0.25 for an ONNX model)", numberOption("--relevance-threshold", { min: 0, max: 1 })),
   )
     .option("--recall", "history through Recall v4 (recall.enabled): the messages that matter for the query, summaries with trace ids, fact calls")
+    .option(...rerankModelOption)
+    .option(...rerankDepthOption)
     .option("--mode <mode>", "dki (memory as K/V) or rag (memory as prompt text: the RAG baseline, see dki rag)", choiceOption("--mode", ["dki", "rag"] as const), "dki")
     .action((flags: ChatFlags & { mode: "dki" | "rag" }) => (flags.mode === "rag" ? chatAsRag(flags) : chat(flags)));
 }

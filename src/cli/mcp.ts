@@ -5,7 +5,7 @@
 import type { Command } from "commander";
 import { DKISystem } from "../dki/system.js";
 import { defaultCacheDir } from "../dki/open.js";
-import { EMBEDDER_HELP, embedderOption, intOption, newSessionId } from "./options.js";
+import { EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, newSessionId, rerankDepthOption, rerankModelOption } from "./options.js";
 import { checkCacheFolder, checkModelPath } from "./paths.js";
 import { loadOptions, systemOptions, turnConfig } from "./turn.js";
 import type { Device } from "../engine/model.js";
@@ -24,6 +24,8 @@ interface McpFlags {
   keys?: string;
   session?: string;
   system?: string;
+  rerankModel?: string;
+  rerankDepth?: number;
   threads?: number;
   device: Device;
   contextSize?: number;
@@ -55,8 +57,13 @@ async function mcp(flags: McpFlags): Promise<void> {
   await checkModelPath(flags.model, "--model");
   await checkCacheFolder(flags.cache ?? defaultCacheDir(flags.data), flags.cache === undefined ? "the K/V cache folder" : "--cache");
   const embedder = await embedderOption(flags.embedder);
-  const config = { ...turnConfig(flags), ...(flags.system === undefined ? {} : { systemPrompt: flags.system }) };
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config });
+  // --max-memories and --memory-max-tokens (and --system) reach the chat tool's turns.
+  const config = await turnConfig(flags, flags.system === undefined ? {} : { systemPrompt: flags.system });
+  const memoryRerank = await memoryRerankOption(flags.rerankModel, flags.rerankDepth);
+  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank }).catch(async (e: unknown) => {
+    await memoryRerank?.reranker.close();
+    throw e;
+  });
   for (const w of system.model.info.warnings) process.stderr.write(`dki: ${w}\n`);
   const common = { system, defaultSessionId: flags.session ?? newSessionId("mcp"), version: packageVersion() };
   const stopped = new Promise<string>((resolve) => {
@@ -86,7 +93,11 @@ async function mcp(flags: McpFlags): Promise<void> {
       process.stderr.write(`dki mcp: ${why}: stopped\n`);
     }
   } finally {
-    await system.close(); // (a second close does nothing)
+    try {
+      await system.close(); // (a second close does nothing)
+    } finally {
+      await memoryRerank?.reranker.close();
+    }
   }
 }
 
@@ -103,6 +114,8 @@ export function registerMcpCommand(program: Command): void {
       .option("--port <n>", "serve Streamable HTTP on 127.0.0.1:<n>/mcp instead of stdio (0: any free port, printed on stderr)", intOption("--port", 0, 65535))
       .option("--keys <file>", "with --port: a JSON object of API key → user id; a request's Authorization: Bearer <key> picks its user")
       .option("--session <id>", "the session chat turns go to when a call names none (default: a new one per run)")
-      .option("--system <text>", "system prompt of chat turns"),
+      .option("--system <text>", "system prompt of chat turns")
+      .option(...rerankModelOption)
+      .option(...rerankDepthOption),
   ).action((flags: McpFlags) => mcp(flags));
 }

@@ -6,7 +6,7 @@ import { HashingEmbedder } from "../memory/embedders/hashing.js";
 import { HttpEmbedder, firstWorkingEmbedder, type EmbedderCandidate } from "../memory/embedders/http.js";
 import type { Embedder } from "../memory/types.js";
 import { OnnxCrossEncoder } from "../memory/embedders/onnx-cross-encoder.js";
-import type { MemoryRerank } from "../dki/routing.js";
+import { MAX_RERANK_DEPTH, type MemoryRerank } from "../dki/routing.js";
 
 // Digits only: Number() would take "" as 0, "0x5" as 5 and "1e3" as 1000.
 const INTEGER = /^\s*-?\d+\s*$/;
@@ -123,6 +123,14 @@ export async function embedderOption(spec: string | undefined): Promise<Embedder
   if (r.skipped.length > 0) process.stderr.write(`dki: embedder ${r.name} (${r.embedder.id}); skipped ${r.skipped.map((s) => `${s.name}: ${s.reason}`).join("; ")}\n`);
   return r.embedder;
 }
+
+/** The routing reranker's flags, as dki serve's: the memories of both modes picked from a deeper search. */
+export const rerankModelOption = ["--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker) that picks the turn's memories from a deeper search"] as const;
+export const rerankDepthOption = [
+  "--rerank-depth <n>",
+  `with --rerank-model: memory candidates searched and reranked (default max(20, 4 × max memories), at most ${MAX_RERANK_DEPTH})`,
+  intOption("--rerank-depth", 1, MAX_RERANK_DEPTH),
+] as const;
 
 /** --rerank-model and --rerank-depth: the routing reranker (loaded now, so a bad folder is a usage error; the caller closes it), or undefined. */
 export async function memoryRerankOption(model: string | undefined, depth: number | undefined): Promise<MemoryRerank | undefined> {

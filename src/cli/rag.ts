@@ -13,7 +13,8 @@ import { openKnowledgeBase } from "./kb.js";
 import { RERANK_METHODS, type RerankMethod } from "../rag/pipeline/rerank.js";
 import { PROMPT_MODES, type PromptMode } from "../rag/pipeline/prompt-modes.js";
 import { CITATION_FORMATS, type CitationFormat } from "../rag/pipeline/citation-quality.js";
-import { choiceOption, embedderOption, intOption, jsonObjectOption } from "./options.js";
+import type { MemoryRerank } from "../dki/routing.js";
+import { choiceOption, embedderOption, intOption, jsonObjectOption, memoryRerankOption } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
 
@@ -40,6 +41,8 @@ export interface RagFlags extends TurnFlags {
   citations?: CitationFormat;
   emptyRetrieval?: "generate" | "answer";
   truncateFirstContext?: boolean;
+  /** `dki chat --mode rag --rerank-model`: the routing reranker (the memories), not the collection's. */
+  memoryRerank?: { model?: string; depth?: number };
 }
 
 /** One line on what the turn put in the prompt and what it cost, and the session it went to. */
@@ -86,11 +89,13 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
   const kb: KnowledgeBase | null = flags.collection === undefined ? null : await openKnowledgeBase(flags.data, { embedder, mustExist: true });
   let system: RAGSystem | null = null;
   let reranker: OnnxCrossEncoder | null = null;
+  let memoryRerank: MemoryRerank | undefined;
   try {
     // As the turns will search it: as --user (another tenant's collection is not found).
     if (kb !== null && flags.collection !== undefined) kb.forUser(flags.user).getCollection(flags.collection);
     if (flags.rerankModel !== undefined) reranker = await OnnxCrossEncoder.load(flags.rerankModel);
-    system = await RAGSystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout }, reranker: reranker ?? undefined });
+    memoryRerank = await memoryRerankOption(flags.memoryRerank?.model, flags.memoryRerank?.depth);
+    system = await RAGSystem.open({ memoryRerank, model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, knowledgeBase: kb ?? undefined, rag: { ...(flags.layout ? { layout: flags.layout } : {}), ...(flags.truncateFirstContext ? { truncateFirstContext: true } : {}) }, steps: { model: flags.stepModel, timeoutMs: flags.stepTimeout }, reranker: reranker ?? undefined });
     const sys = system;
     const turnOptions = (c: TurnControl): RAGChatOptions => ({
       ...baseTurnOptions(flags, session, c),
@@ -115,6 +120,7 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
     } finally {
       try {
         await reranker?.close();
+        await memoryRerank?.reranker.close();
       } finally {
         await kb?.close();
       }
