@@ -7,14 +7,18 @@
 // the prefill, time to first token, decode tok/s, total turn latency, peak RSS of the turn; DKI
 // cold (every block computed: L4) and warm from L1, L2 and L3.
 // Usage: node bench/dki-vs-rag.js [--quick] [--presets smollm2-135m,llama-1b] [--sizes 0,256,1024] [--replot]
+//                                 [--model DIR[,DIR] [--ctx N]] [--memory-tokens N]
 //                                 [--conversation FILE.json [--max-memories N]]
+//   --model: HF model folders instead of the random-weight presets (e.g. the memory-QA models),
+//   with a window of --ctx tokens (default 4096); results to dki-vs-rag-cpu-<folder names>.md
+//   --memory-tokens: tokens a memory (default 256); a size must be a multiple of it
 //   --quick: sizes 0/256/1K on 135M and 0/256 on 1B, 2 repetitions a row instead of 3
 //   --conversation: also a real conversation (--sizes none: only it) (LoCoMo or LongMemEval file, imported by the memory
 //   store): its first user's turns as memories, its last turn as the query, on the first preset;
 //   results to dki-vs-rag-conversation-cpu.md
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join, resolve } from "node:path";
 import { Model, native } from "../dist/src/index.js";
 import { DKISystem, analyzeBudget } from "../dist/src/dki/index.js";
 import { RAGSystem } from "../dist/src/rag/rag-system.js";
@@ -31,12 +35,20 @@ const loadAtStart = loadavg()[0];
 /** The machine's load over the run: the bench keeps 2 threads busy; more means other work shared the cores. */
 const loadNote = () => `Load average (1 min) ${loadAtStart.toFixed(1)} at the start and ${loadavg()[0].toFixed(1)} at the end (the benchmark keeps 2 threads busy; more than that means other work shared the machine and rows are noisier).`;
 const presets = (arg("--presets") ?? "smollm2-135m,llama-1b").split(",");
+const modelDirs = arg("--model")?.split(",").map((d) => resolve(d)) ?? [];
+/** What the table calls each model: a preset's name, or a given folder's. */
+const shapes = modelDirs.length > 0 ? modelDirs.map((d) => basename(d)) : presets;
 const REPS = quick ? 2 : 3;
-const MEMORY_TOKENS = 256; // each memory; a size of S tokens is S / 256 memories
+const MEMORY_TOKENS = Number(arg("--memory-tokens") ?? 256); // each memory; a size of S tokens is S / MEMORY_TOKENS memories
+if (!Number.isInteger(MEMORY_TOKENS) || MEMORY_TOKENS < 1) throw new Error(`--memory-tokens must be a positive integer, got ${arg("--memory-tokens")}`);
+const resultName = `dki-vs-rag-cpu${modelDirs.length > 0 ? `-${shapes.join("-")}` : ""}${MEMORY_TOKENS !== 256 ? `-m${MEMORY_TOKENS}` : ""}`;
+/** writeResults puts a --quick run's table beside the full one (NAME-quick); its plots go there too. */
+const quickSuffix = quick ? "-quick" : "";
 const NEW_TOKENS = 16;
 const sizesFor = (preset) => {
   const given = arg("--sizes");
   if (given !== undefined) return given === "" || given === "none" ? [] : given.split(",").map(Number);
+  if (modelDirs.length > 0) return [0, 256, 512, 1024, 1536];
   // The 1B shape prefills ~50 tokens/s on 2 cores: RAG at 4K would take minutes a turn.
   if (preset === "llama-1b") return quick ? [0, 256] : [0, 256, 1024];
   return quick ? [0, 256, 1024] : [0, 256, 1024, 4096, 16384];
@@ -79,25 +91,24 @@ function plotRowsOf(rows) {
   const prompt = rows.filter((r) => r.system === "RAG" || r.tier === "L1").map((r) => ({ x: r["memory tokens"], y: r["prompt tokens"], series: `${r.shape} ${r.system === "RAG" ? "RAG" : "DKI (every tier)"}` }));
   return { ttft, prompt };
 }
-async function writePlots(rows, suffix) {
+async function writePlots(rows) {
   const points = plotRowsOf(rows);
   const plots = [];
   for (const [key, y, title] of [["ttft", "time to first token (ms, log)", "Time to first token against memory size (CPU, 2 threads)"], ["prompt", "prompt tokens (log)", "Prompt tokens against memory size"]]) {
-    plots.push(await writeLinePlot(`dki-vs-rag-cpu-${key}${suffix}`, { rows: points[key], title, x: "memory tokens (symlog)", y, series: "shape, system and tier" }));
+    plots.push(await writeLinePlot(resultName.replace("dki-vs-rag-cpu", `dki-vs-rag-cpu-${key}`) + quickSuffix, { rows: points[key], title, x: "memory tokens (symlog)", y, series: "shape, system and tier" }));
   }
   return plots;
 }
 // --replot: the plots again from the table already written (a change of style needs no rerun).
 if (process.argv.includes("--replot")) {
-  const suffix = quick ? "-quick" : "";
-  const { rows } = JSON.parse(readFileSync(new URL(`./results/dki-vs-rag-cpu${suffix}.json`, import.meta.url), "utf8"));
-  for (const p of await writePlots(rows, suffix)) process.stdout.write(`${p.png}\n`);
+  const { rows } = JSON.parse(readFileSync(new URL(`./results/${resultName}${quickSuffix}.json`, import.meta.url), "utf8"));
+  for (const p of await writePlots(rows)) process.stdout.write(`${p.png}\n`);
   process.exit(0);
 }
-for (const preset of presets) {
-  const dir = await benchModel(preset, "f16");
-  // The window RAG gets: the model's trained positions on the 135M shape (8192), 4096 on 1B.
-  const contextSize = preset === "llama-1b" ? 4096 : 8192;
+for (const [i, preset] of shapes.entries()) {
+  const dir = modelDirs[i] ?? (await benchModel(preset, "f16"));
+  // The window RAG gets: the model's trained positions on the 135M shape (8192), 4096 on 1B; --ctx for a given folder.
+  const contextSize = modelDirs.length > 0 ? Number(arg("--ctx") ?? 4096) : preset === "llama-1b" ? 4096 : 8192;
   const model = await Model.load(dir, { contextSize });
   const tok = model.tokenizer;
   for (const size of sizesFor(preset)) {
@@ -196,23 +207,21 @@ for (const preset of presets) {
 
 // --sizes none: only the conversation below.
 if (rows.length > 0) {
-  const name = "dki-vs-rag-cpu";
-  const suffix = quick ? "-quick" : "";
   const columns = ["shape", "memory tokens", "system", "tier", "memories reaching the model", "memory tokens reaching the model", "prompt tokens", "attention scores", "ttft ms", "decode tok/s", "turn ms", "peak RSS MB", "same memories as RAG"];
   const ratio = (preset, size) => {
     const rag = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.system === "RAG");
     const l1 = rows.find((r) => r.shape === preset && r["memory tokens"] === size && r.tier === "L1");
     return rag && l1 ? rag["ttft ms"] / l1["ttft ms"] : null;
   };
-  const ratios = presets.flatMap((p) => [...new Set(rows.filter((r) => r.shape === p).map((r) => r["memory tokens"]))].map((s) => `${p} ${s}: ${ratio(p, s)?.toFixed(1)}×`));
-  const plots = await writePlots(rows, suffix);
-  writeResults(name, {
+  const ratios = shapes.flatMap((p) => [...new Set(rows.filter((r) => r.shape === p).map((r) => r["memory tokens"]))].map((s) => `${p} ${s}: ${ratio(p, s)?.toFixed(1)}×`));
+  const plots = await writePlots(rows);
+  writeResults(resultName, {
     machine: machine(native()),
     columns,
     rows,
     notes: [
-      `Random-weight F16 models at real shapes; one user; memories of ${MEMORY_TOKENS} tokens (a size of S tokens is S/${MEMORY_TOKENS} memories); query "${QUERY}"; ${NEW_TOKENS} new tokens; a fresh session per turn (no history); the chat template; mean of ${REPS} turns a row (1 at 4K and above; DKI cold is 1 turn); RAG's rows come after one unmeasured turn that warms the store's index.`,
-      "Both systems run the same routing call with the same config (maxMemories = number of memories), over the same store. RAG builds its prompt with seed 000's budget in a window of 8192 tokens (135M; the shape's trained positions) or 4096 (1B): 512 reserved, memory at most 50% of the rest, so at 4K and 16K memory tokens RAG keeps only what fits ('memory tokens reaching the model'); DKI injects every memory and spends 0 prompt tokens on them.",
+      `${modelDirs.length > 0 ? `Models ${modelDirs.map((d) => d.replace(`${process.cwd()}/`, "")).join(", ")}` : "Random-weight F16 models at real shapes"}; one user; memories of ${MEMORY_TOKENS} tokens (a size of S tokens is S/${MEMORY_TOKENS} memories); query "${QUERY}"; ${NEW_TOKENS} new tokens; a fresh session per turn (no history); the chat template; mean of ${REPS} turns a row (1 at 4K and above; DKI cold is 1 turn); RAG's rows come after one unmeasured turn that warms the store's index.`,
+      `Both systems run the same routing call with the same config (maxMemories = number of memories), over the same store. RAG builds its prompt with seed 000's budget in a window of ${modelDirs.length > 0 ? `${Number(arg("--ctx") ?? 4096)} tokens` : "8192 tokens (135M; the shape's trained positions) or 4096 (1B)"}: 512 reserved, memory at most 50% of the rest, so past that share RAG keeps only what fits ('memory tokens reaching the model'); DKI injects every memory and spends 0 prompt tokens on them.`,
       "TTFT is from the chat() call to the first streamed token (routing, prompt, K/V assembly and prefill). DKI cold: every block computed (L4); L1: the next turn; L2: a 1-byte L1, so blocks come back from f16 RAM; L3: the system reopened before each turn (int8 files only). DKI forces α = 1 on every routed memory (no gating skip), RAG has no gate.",
       "Attention scores of the prefill: RAG (n_m + n_u)², DKI n_u·(n_m + n_u), with n_m the memory tokens reaching the model and n_u the other prompt tokens.",
       "Peak RSS: the process's high-water mark during the turn (reset before it); the model and every earlier allocation are in it, so it shows growth, not the turn's own memory.",
