@@ -324,6 +324,9 @@ describe("blocks, order and prefix", () => {
       expect(r.memoriesUsed.map((m) => m.id)).toEqual([a!.id]);
       expect(r.budget.memoryTokens).toBe(n);
       expect(r.metadata.memoriesLeftOut).toEqual([{ id: b!.id, reason: expect.stringMatching(new RegExp(`^its \\d+ tokens exceed the 2 left of memoryMaxTokens \\(${n + 2}\\)$`)) }]);
+      // What routing returned, before the budget: both, in the search's order and with its scores.
+      expect(r.metadata.routed).toEqual((await sys.store.memories.search("Alice hikes in the Alps?", { userId: "alice", limit: 3 })).map((x) => ({ id: x.memory.id, score: x.score })));
+      expect(r.metadata.routed.map((x) => x.id).sort()).toEqual([a!.id, b!.id].sort());
       // The same text stored twice is one block, injected once.
       const [twin] = await sys.memories.add(short, { userId: "alice" });
       const again = await sys.chat("Alice hikes in the Alps?", { userId: "alice", sessionId: "cap2", maxNewTokens: 1 });

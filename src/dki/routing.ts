@@ -28,6 +28,15 @@ export interface MemoryRerank {
 
 export const MAX_RERANK_DEPTH = 100;
 
+/** A memory as routing returned it, in its order: a turn's response lists them (metadata.routed). */
+export interface RoutedMemory {
+  id: string;
+  /** The search's fused score (with a reranker, the order is the reranker's, the score the search's). */
+  score: number;
+}
+
+export const routedList = (routed: readonly SearchResult[]): RoutedMemory[] => routed.map((r) => ({ id: r.memory.id, score: r.score }));
+
 export function checkMemoryRerank(r: MemoryRerank | undefined): void {
   if (r === undefined) return;
   if (typeof r !== "object" || r === null || !isReranker(r.reranker)) throw new DkiArgumentError("memoryRerank.reranker must be a Reranker (an object with score(query, passages))");

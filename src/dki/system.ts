@@ -28,7 +28,7 @@ import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js"
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, TokenMemo, type HistoryLanguage, type HistoryMessage, type HybridPrompt } from "./prompt.js";
-import { routeMemories, type MemoryRerank } from "./routing.js";
+import { routedList, routeMemories, type MemoryRerank, type RoutedMemory } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
 import { formattedTokenizer, type FormattableTokenizer } from "../recall/formatters.js";
@@ -125,6 +125,8 @@ export interface DKIMetadata {
   memoryEncoding: MemoryEncoding;
   /** The layer's own time (total − prefill − decode − K/V computes − queue − entropy probe). */
   layerMs: number;
+  /** What routing returned, in its order, before the gate and the token budget (none when injection is off). */
+  routed: RoutedMemory[];
   /** Routed memories the gate let through but the turn did not inject (below τ themselves, over the token budget). */
   memoriesLeftOut: LeftOut[];
   hybridInjection: HybridInjectionInfo;
@@ -551,6 +553,7 @@ export class DKISystem {
         memoryOrder: this.config.memoryOrder,
         memoryEncoding: this.config.memoryEncoding,
         layerMs: 0,
+        routed: routedList(plan.routed),
         memoriesLeftOut: p.leftOut,
         hybridInjection: {
           enabled: p.preferenceInjected,

@@ -24,12 +24,12 @@ import { native } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
 import { DKISystem } from "../dki/system.js";
 import type { DKIConfigInput } from "../dki/config.js";
-import { routeMemories, type MemoryRerank } from "../dki/routing.js";
+import type { MemoryRerank, RoutedMemory } from "../dki/routing.js";
 import { detectLanguage, renderPrompt } from "../dki/prompt.js";
 import { RAGSystem } from "../rag/rag-system.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import { importConversations, type ImportedConversation, type ImportedTurn } from "../memory/import.js";
-import type { Embedder, SearchResult } from "../memory/types.js";
+import type { Embedder, MemoryStoreApi } from "../memory/types.js";
 import { loadQADataset, type QADataset, type QAQuestion } from "./data.js";
 import { fullContextQuery, renderConversation, type ConversationTurn } from "./full-context.js";
 import { ANSWER_INSTRUCTION } from "./instruction.js";
@@ -404,17 +404,18 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
       });
     case "rag": {
       const rag = await RAGSystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, memoryRerank: ctx.memoryRerank, config: systemConfig(ctx) });
+      const turnIds = new TurnIds(rag.store);
       return answerer(
         async (q) => {
-          const routed = await rag.searchMemories(q.question, { userId: q.userId });
           const r = await rag.chat(q.question, { userId: q.userId, sessionId: session(q), ...gen });
+          const routed = r.metadata.routed;
           return row(ctx, q, mode, {
             prediction: cleanAnswer(r.text),
             finishReason: r.finishReason,
             promptTokens: r.inputTokens,
             ttftMs: r.latency.ttftMs,
             turnMs: r.latency.totalMs,
-            ...routedFields(q, routed),
+            ...(await routedFields(turnIds, q, routed)),
             memoryIds: r.memoriesUsed.map((m) => m.id),
             memoryTokens: r.metadata.contextTokens,
             blocks: 0,
@@ -428,17 +429,18 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
     case "dki":
     case "dki-joint": {
       const dki = await DKISystem.open({ model: ctx.model, dataDir: ctx.storeDir, cacheDir: ctx.cacheDir, embedder: ctx.embedder, memoryRerank: ctx.memoryRerank, config: dkiModeConfig(ctx, mode) });
+      const turnIds = new TurnIds(dki.store);
       return answerer(
         async (q) => {
-          const routed = await routeMemories(dki.store, q.question, { userId: q.userId, limit: ctx.topK, rerank: ctx.memoryRerank });
           const r = await dki.chat(q.question, { userId: q.userId, sessionId: session(q), forceAlpha: ctx.alpha, ...gen });
+          const routed = r.metadata.routed;
           return row(ctx, q, mode, {
             prediction: cleanAnswer(r.text),
             finishReason: r.finishReason,
             promptTokens: r.inputTokens,
             ttftMs: r.latency.ttftMs,
             turnMs: r.latency.totalMs,
-            ...routedFields(q, routed),
+            ...(await routedFields(turnIds, q, routed)),
             memoryIds: r.memoriesUsed.map((m) => m.id),
             memoryTokens: r.budget.memoryTokens,
             blocks: r.cache.tiers.length,
@@ -531,9 +533,30 @@ export async function fitConversation(model: Model, turns: readonly ImportedTurn
   return { query: query(keepFrom), tokens, dropped: keepFrom, conversationTokens: text === "" ? 0 : model.tokenizer.encode(text, { addSpecialTokens: false }).length, promptTokens: tokens.length };
 }
 
-function routedFields(q: QAQuestion, routed: SearchResult[]): Pick<QARow, "routed" | "evidenceRecall"> {
-  const ids = routed.map((r) => String(r.memory.metadata.turnId ?? r.memory.id));
+/**
+ * The routed memories as the conversation's turn ids (the importer's metadata.turnId; a memory
+ * without one by its own id), and the share of the question's evidence among them. The turn's
+ * response lists what it routed; each user's turn ids are read from the store once.
+ */
+async function routedFields(turnIds: TurnIds, q: QAQuestion, routed: readonly RoutedMemory[]): Promise<Pick<QARow, "routed" | "evidenceRecall">> {
+  const of = await turnIds.of(q.userId);
+  const ids = routed.map((r) => of.get(r.id) ?? r.id);
   return { routed: ids, evidenceRecall: recall(q.evidence, ids) };
+}
+
+/** Memory id → turn id of each user, read from the store on a user's first question. */
+class TurnIds {
+  private readonly byUser = new Map<string, Promise<Map<string, string>>>();
+  constructor(private readonly store: Pick<MemoryStoreApi, "memories">) {}
+
+  of(userId: string): Promise<Map<string, string>> {
+    let m = this.byUser.get(userId);
+    if (m === undefined) {
+      m = this.store.memories.getAll({ userId }).then((all) => new Map(all.flatMap((x) => (x.metadata.turnId === undefined ? [] : [[x.id, String(x.metadata.turnId)] as const]))));
+      this.byUser.set(userId, m);
+    }
+    return m;
+  }
 }
 
 function recall(evidence: readonly string[], found: readonly string[]): number | null {

@@ -27,7 +27,7 @@ import { addBlockLoads, analyzeBudget, emptyLatency, type BudgetAnalysis, type L
 import type { DKIConfig, DKIConfigInput } from "../dki/config.js";
 import { FairQueue } from "../dki/fair-queue.js";
 import type { LeftOut } from "../dki/system.js";
-import { routeMemories, type MemoryRerank } from "../dki/routing.js";
+import { routedList, routeMemories, type MemoryRerank, type RoutedMemory } from "../dki/routing.js";
 import { isReranker } from "../memory/reranker.js";
 import { TokenMemo } from "../dki/prompt.js";
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "../dki/open.js";
@@ -260,6 +260,8 @@ export interface RAGResponse {
     historyKept: number;
     historyTotal: number;
     forcedFallback: boolean;
+    /** What routing returned, in its order (the same call as DKISystem's), before the token budget. */
+    routed: RoutedMemory[];
     /** Routed memories the turn left out: over config.memoryMaxTokens, as DKI leaves them out. */
     memoriesLeftOut: LeftOut[];
     warnings: string[];
@@ -686,6 +688,7 @@ export class RAGSystem {
         historyKept: built.historyKept,
         historyTotal: built.historyTotal,
         forcedFallback: built.forcedFallback,
+        routed: routedList(routed),
         memoriesLeftOut: leftOut,
         warnings: [...offWarnings, ...built.warnings],
         log: built.log,
