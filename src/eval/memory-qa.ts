@@ -22,11 +22,11 @@ import { performance } from "node:perf_hooks";
 import { Model, type LoadOptions } from "../engine/model.js";
 import { native } from "../engine/native.js";
 import { DkiArgumentError } from "../errors.js";
-import { DKISystem } from "../dki/system.js";
+import { DKISystem, type DKIResponse } from "../dki/system.js";
 import type { DKIConfigInput } from "../dki/config.js";
 import type { MemoryRerank, RoutedMemory } from "../dki/routing.js";
 import { detectLanguage, renderPrompt } from "../dki/prompt.js";
-import { RAGSystem } from "../rag/rag-system.js";
+import { RAGSystem, type RAGResponse } from "../rag/rag-system.js";
 import { MemoryStore } from "../memory/memory-store.js";
 import { importConversations, type ImportedConversation, type ImportedTurn } from "../memory/import.js";
 import type { Embedder, MemoryStoreApi } from "../memory/types.js";
@@ -408,20 +408,7 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
       return answerer(
         async (q) => {
           const r = await rag.chat(q.question, { userId: q.userId, sessionId: session(q), ...gen });
-          const routed = r.metadata.routed;
-          return row(ctx, q, mode, {
-            prediction: cleanAnswer(r.text),
-            finishReason: r.finishReason,
-            promptTokens: r.inputTokens,
-            ttftMs: r.latency.ttftMs,
-            turnMs: r.latency.totalMs,
-            ...(await routedFields(turnIds, q, routed)),
-            memoryIds: r.memoriesUsed.map((m) => m.id),
-            memoryTokens: r.metadata.contextTokens,
-            blocks: 0,
-            alpha: null,
-            leftOut: routed.length - r.memoriesUsed.length,
-          });
+          return row(ctx, q, mode, { ...(await turnFields(turnIds, q, r)), memoryTokens: r.metadata.contextTokens, blocks: 0, alpha: null });
         },
         () => rag.close(),
       );
@@ -433,25 +420,30 @@ async function openMode(mode: Mode, ctx: RunContext): Promise<Answerer> {
       return answerer(
         async (q) => {
           const r = await dki.chat(q.question, { userId: q.userId, sessionId: session(q), forceAlpha: ctx.alpha, ...gen });
-          const routed = r.metadata.routed;
-          return row(ctx, q, mode, {
-            prediction: cleanAnswer(r.text),
-            finishReason: r.finishReason,
-            promptTokens: r.inputTokens,
-            ttftMs: r.latency.ttftMs,
-            turnMs: r.latency.totalMs,
-            ...(await routedFields(turnIds, q, routed)),
-            memoryIds: r.memoriesUsed.map((m) => m.id),
-            memoryTokens: r.budget.memoryTokens,
-            blocks: r.cache.tiers.length,
-            alpha: r.gating.alpha,
-            leftOut: routed.length - r.memoriesUsed.length,
-          });
+          return row(ctx, q, mode, { ...(await turnFields(turnIds, q, r)), memoryTokens: r.budget.memoryTokens, blocks: r.cache.tiers.length, alpha: r.gating.alpha });
         },
         () => dki.close(),
       );
     }
   }
+}
+
+/** What a DKI or RAG turn's response gives a row alike: the answer, its timing, what was routed and what reached the model. */
+async function turnFields(
+  turnIds: TurnIds,
+  q: QAQuestion,
+  r: Pick<DKIResponse | RAGResponse, "text" | "finishReason" | "inputTokens" | "latency" | "memoriesUsed"> & { metadata: { routed: RoutedMemory[] } },
+): Promise<Answered & Pick<QARow, "routed" | "evidenceRecall" | "memoryIds" | "leftOut">> {
+  return {
+    prediction: cleanAnswer(r.text),
+    finishReason: r.finishReason,
+    promptTokens: r.inputTokens,
+    ttftMs: r.latency.ttftMs,
+    turnMs: r.latency.totalMs,
+    ...(await routedFields(turnIds, q, r.metadata.routed)),
+    memoryIds: r.memoriesUsed.map((m) => m.id),
+    leftOut: r.metadata.routed.length - r.memoriesUsed.length,
+  };
 }
 
 interface Answered {
