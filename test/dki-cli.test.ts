@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { beforeAll, describe, expect, test } from "vitest";
 import { MemoryStore } from "../src/memory/index.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
-import { dki, dkiBin, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
+import { ctrlCTests, dki, dkiBin, dkiFails } from "./support/dki-bin.js";
 import { repoRoot, tempDir } from "./support/paths.js";
 
 let model: string;
@@ -217,21 +217,5 @@ describe("dki chat: sessions, checks before the model loads, limits, Ctrl-C", ()
   // A long answer (a huge token limit and context) that only Ctrl-C ends.
   const endless = () => ["chat", "--model", model, "--data", data, "--user", "alice", "--query", "Tell me about hiking in the Alps.", "-n", "100000", "--context-size", "16384"];
 
-  test("Ctrl-C (a real SIGINT) in chat -q: the answer so far, its summary saying aborted, exit 130", async () => {
-    const r = await dkiInterrupted(endless(), false);
-    expect(r.code, r.stderr).toBe(130);
-    expect(r.stdout.length).toBeGreaterThan(1);
-    expect(r.stdout.endsWith("\n")).toBe(true);
-    expect(r.stderr).toMatch(/^\[memories: .* \| ttft \d+ ms, \d+ tokens \| aborted \| session chat-\S+\]\n$/);
-  });
-
-  test("Ctrl-C (a real SIGINT) in chat -q --format json: the response so far (finish_reason aborted), exit 130", async () => {
-    const r = await dkiInterrupted([...endless(), "--format", "json"], true);
-    expect(r.code, r.stderr).toBe(130);
-    expect(r.stderr).toBe("");
-    const j = JSON.parse(r.stdout);
-    expect(j.finish_reason).toBe("aborted");
-    expect(j.output_tokens).toBeGreaterThan(0);
-    expect(j.text.length).toBeGreaterThan(0);
-  });
+  ctrlCTests("chat", endless);
 });

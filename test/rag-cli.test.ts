@@ -7,7 +7,7 @@ import { makeTinyModel } from "../src/models/make-tiny.js";
 import { MemoryStore } from "../src/memory/memory-store.js";
 import { HashingEmbedder } from "../src/memory/embedders/hashing.js";
 import { Tokenizer } from "../src/tokenizer/tokenizer.js";
-import { dki, dkiFails, dkiInterrupted } from "./support/dki-bin.js";
+import { ctrlCTests, dki, dkiFails } from "./support/dki-bin.js";
 import { tempDir } from "./support/paths.js";
 import { writeTinyCrossEncoderFolder } from "./support/tiny-bert.js";
 
@@ -145,19 +145,5 @@ describe("dki rag: limits, relevance, a missing knowledge base, Ctrl-C", () => {
 
   const endless = () => ["rag", "--model", model, "--data", data, "--user", "alice", "--query", "Tell me about hiking in the Alps.", "-n", "100000", "--context-size", "16384"];
 
-  test("Ctrl-C (a real SIGINT) in rag -q: the answer so far, its summary saying aborted, exit 130", async () => {
-    const r = await dkiInterrupted(endless(), false);
-    expect(r.code, r.stderr).toBe(130);
-    expect(r.stdout.length).toBeGreaterThan(1);
-    expect(r.stderr).toMatch(/^\[memories: .* \| ttft \d+ ms, \d+ tokens \| aborted \| session rag-\S+\]\n$/);
-  });
-
-  test("Ctrl-C (a real SIGINT) in rag -q --format json: the response so far (finish_reason aborted), exit 130", async () => {
-    const r = await dkiInterrupted([...endless(), "--format", "json"], true);
-    expect(r.code, r.stderr).toBe(130);
-    expect(r.stderr).toBe("");
-    const j = JSON.parse(r.stdout);
-    expect(j.finish_reason).toBe("aborted");
-    expect(j.output_tokens).toBeGreaterThan(0);
-  });
+  ctrlCTests("rag", endless);
 });

@@ -4,7 +4,7 @@
 import { execFile, spawn } from "node:child_process";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { expect } from "vitest";
+import { expect, test } from "vitest";
 import { repoRoot } from "./paths.js";
 
 const run = promisify(execFile);
@@ -84,4 +84,29 @@ export async function dkiFails(args: string[]): Promise<string> {
     return stderr;
   }
   throw new Error(`dki ${args.join(" ")} succeeded but should have failed`);
+}
+
+/**
+ * The two Ctrl-C checks of a one-shot turn (`chat -q`, `rag -q`): a real SIGINT mid-answer gives
+ * the answer so far with its summary saying aborted, or (JSON) the response so far, and exit 130.
+ * `endless`: the command's arguments for an answer only Ctrl-C ends.
+ */
+export function ctrlCTests(command: "chat" | "rag", endless: () => string[]): void {
+  test(`Ctrl-C (a real SIGINT) in ${command} -q: the answer so far, its summary saying aborted, exit 130`, async () => {
+    const r = await dkiInterrupted(endless(), false);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stdout.length).toBeGreaterThan(1);
+    expect(r.stdout.endsWith("\n")).toBe(true);
+    expect(r.stderr).toMatch(new RegExp(`^\\[memories: .* \\| ttft \\d+ ms, \\d+ tokens \\| aborted \\| session ${command}-\\S+\\]\\n$`));
+  });
+
+  test(`Ctrl-C (a real SIGINT) in ${command} -q --format json: the response so far (finish_reason aborted), exit 130`, async () => {
+    const r = await dkiInterrupted([...endless(), "--format", "json"], true);
+    expect(r.code, r.stderr).toBe(130);
+    expect(r.stderr).toBe("");
+    const j = JSON.parse(r.stdout);
+    expect(j.finish_reason).toBe("aborted");
+    expect(j.output_tokens).toBeGreaterThan(0);
+    expect(j.text.length).toBeGreaterThan(0);
+  });
 }
