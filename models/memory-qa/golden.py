@@ -7,7 +7,10 @@ for test/memory-qa-model.test.ts to hold the engine to.
   answers    a few held-out questions, greedy in PyTorch, per model and mode: the engine must
              give the same answers.
 
-    /tmp/hfenv/bin/python models/memory-qa/golden.py [--work tmp/memory-qa]
+    /tmp/hfenv/bin/python models/memory-qa/golden.py [--work tmp/memory-qa] [--models DIR --out FILE]
+
+--models/--out check a retrained pair before it replaces the committed one: the engine test reads
+them from DKI_MEMORY_QA_MODELS and DKI_MEMORY_QA_GOLDEN (see test/memory-qa-model.test.ts).
 
 The examples come from export.mjs's held-out rows (prompt ids rendered by the project's code, with
 the texts they were rendered from), so the test can also check that the code still renders them so.
@@ -44,12 +47,14 @@ def r6(xs) -> list:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--work", default=str(T.ROOT / "tmp" / "memory-qa"))
+    p.add_argument("--models", default=str(T.ROOT / "models"), help="the folder holding memory-qa-plain and memory-qa-block-aware")
+    p.add_argument("--out", default=str(T.HERE / "golden-block-aware.json"))
     a = p.parse_args()
     torch.set_num_threads(2)
     held = T.read_rows(Path(a.work) / "heldout.jsonl")
     rng = random.Random(36)
-    block = T.load_model(T.ROOT / "models" / "memory-qa-block-aware").eval()
-    plain = T.load_model(T.ROOT / "models" / "memory-qa-plain").eval()
+    block = T.load_model(Path(a.models) / "memory-qa-block-aware").eval()
+    plain = T.load_model(Path(a.models) / "memory-qa-plain").eval()
 
     dki = [r for r in held if r["mode"] == "dki" and r["category"] == 4 and len(r["blocks"]) == 3]
     rng.shuffle(dki)
@@ -73,7 +78,7 @@ def main() -> None:
                 answers.append({"model": name, "mode": mode, "lang": row["lang"], "question": row["question"], "memories": row.get("memories"),
                                 "conversation": row.get("conversation"), "expected": row["answerText"], "prompt": row["prompt"],
                                 "blocks": row.get("blocks"), "prefix": row.get("prefix"), "pytorch_answer": got, "pytorch_correct": got == row["answer"][:-1]})
-    out = T.HERE / "golden-block-aware.json"
+    out = Path(a.out)
     out.write_text(json.dumps({"about": "PyTorch (train.py's layout and attention_mask, committed F16 weights) for test/memory-qa-model.test.ts",
                                "exactness": exactness, "answers": answers}, ensure_ascii=False) + "\n")
     right = sum(x["pytorch_correct"] for x in answers)

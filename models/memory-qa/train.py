@@ -171,7 +171,9 @@ def save_model(model: Llama, out: Path) -> None:
 
 
 def load_model(folder: Path) -> Llama:
-    m = Llama(SHAPE)
+    """A saved model at its own shape (its config.json), whatever --shape this run has."""
+    config = json.loads((folder / "config.json").read_text())
+    m = Llama({**SHAPE, **{k: config[k] for k in SHAPE if k in config}})
     m.load_hf(load_file(str(folder / "model.safetensors")))
     return m
 
