@@ -118,12 +118,10 @@ export async function ragCommand(flags: RagFlags): Promise<void> {
     try {
       await system?.close();
     } finally {
-      try {
-        await reranker?.close();
-        await memoryRerank?.reranker.close();
-      } finally {
-        await kb?.close();
-      }
+      // Each closed whatever another one throws; the first failure is then thrown.
+      const closed = await Promise.allSettled([reranker?.close(), memoryRerank?.reranker.close(), kb?.close()]);
+      const failed = closed.find((r): r is PromiseRejectedResult => r.status === "rejected");
+      if (failed) throw failed.reason;
     }
   }
 }
