@@ -4,7 +4,7 @@
 // why. Ctrl-C during an answer cancels that turn only.
 import type { Command } from "commander";
 import { DKISystem, type ChatOptions, type DKIResponse } from "../dki/index.js";
-import { choiceOption, embedderOption, memoryRerankOption, numberOption, rerankDepthOption, rerankModelOption } from "./options.js";
+import { choiceOption, embedderOption, numberOption, rerankDepthOption, rerankModelOption, withMemoryRerank } from "./options.js";
 import { checkModelPath } from "./paths.js";
 import { ragCommand } from "./rag.js";
 import { abortedSummary, answerOnce, baseTurnOptions, chatLoop, leftOutSummary, loadOptions, memoryLabel, outputOptions, prepareTurns, turnCommandOptions, turnConfig, type TurnControl, type TurnFlags } from "./turn.js";
@@ -43,31 +43,25 @@ async function chat(flags: ChatFlags): Promise<void> {
   const config = await turnConfig(flags, { ...(flags.relevanceThreshold === undefined ? {} : { gating: { relevanceThreshold: flags.relevanceThreshold } }), ...(flags.recall ? { recall: { enabled: true } } : {}) });
   await checkModelPath(flags.model, "--model");
   const embedder = await embedderOption(flags.embedder);
-  const memoryRerank = await memoryRerankOption(flags.rerankModel, flags.rerankDepth);
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank }).catch(async (e: unknown) => {
-    await memoryRerank?.reranker.close();
-    throw e;
-  });
-  try {
-    const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });
-    if (flags.query !== undefined) {
-      const query = flags.query;
-      await answerOnce(flags.format, (c) => system.chat(query, turnOptions(c)), (r) => [turnSummary(r)]);
-      return;
-    }
-    await chatLoop({
-      prompt: "> ",
-      greeting: `chatting as ${flags.user} in session ${session}; /memories, /forget ID, /remember TEXT, /pref [TYPE TEXT], /exit`,
-      ask: async (line, c) => turnSummary(await system.chat(line, turnOptions(c))),
-      command: (line, say) => sessionCommand(system, flags.user, session, line, say),
-    });
-  } finally {
+  await withMemoryRerank(flags.rerankModel, flags.rerankDepth, async (memoryRerank) => {
+    const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank });
     try {
-      await system.close();
+      const turnOptions = (c: TurnControl): ChatOptions => ({ ...baseTurnOptions(flags, session, c), forceAlpha: flags.alpha, allowInjection: flags.memory });
+      if (flags.query !== undefined) {
+        const query = flags.query;
+        await answerOnce(flags.format, (c) => system.chat(query, turnOptions(c)), (r) => [turnSummary(r)]);
+        return;
+      }
+      await chatLoop({
+        prompt: "> ",
+        greeting: `chatting as ${flags.user} in session ${session}; /memories, /forget ID, /remember TEXT, /pref [TYPE TEXT], /exit`,
+        ask: async (line, c) => turnSummary(await system.chat(line, turnOptions(c))),
+        command: (line, say) => sessionCommand(system, flags.user, session, line, say),
+      });
     } finally {
-      await memoryRerank?.reranker.close();
+      await system.close();
     }
-  }
+  });
 }
 
 /** The interactive session's commands (a line starting with "/"); false: the line is a query. */
@@ -112,7 +106,7 @@ export function registerChatCommand(program: Command): void {
   )
     .option("--recall", "history through Recall v4 (recall.enabled): the messages that matter for the query, summaries with trace ids, fact calls")
     .option(...rerankModelOption)
-    .option(...rerankDepthOption)
+    .option(...rerankDepthOption("max memories"))
     .option("--mode <mode>", "dki (memory as K/V) or rag (memory as prompt text: the RAG baseline, see dki rag)", choiceOption("--mode", ["dki", "rag"] as const), "dki")
     .action((flags: ChatFlags & { mode: "dki" | "rag" }) => (flags.mode === "rag" ? chatAsRag(flags) : chat(flags)));
 }

@@ -7,8 +7,8 @@ import type { Command } from "commander";
 import { MODES, runMemoryQA, type Mode } from "../eval/memory-qa.js";
 import { reportName, writeMemoryQAReport } from "../eval/report.js";
 import { snakeKeys, stderrBar } from "./output.js";
-import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, numberOption } from "./options.js";
-import { MAX_RERANK_DEPTH, type MemoryRerank } from "../dki/routing.js";
+import { choiceOption, EMBEDDER_HELP, embedderOption, intOption, numberOption, rerankDepthOption, withMemoryRerank } from "./options.js";
+import type { MemoryRerank } from "../dki/routing.js";
 import type { Embedder } from "../memory/types.js";
 import type { DKIConfigInput } from "../dki/config.js";
 import { readConfigFile } from "./config-file.js";
@@ -68,17 +68,12 @@ export function registerEval(program: Command): Command {
     .option("--embedder <dir>", EMBEDDER_HELP)
     .option("--config <file>", "DKIConfig settings for the dki modes (JSON or YAML: positions, encodingPrefix, memoryOrder, blockFix, alphaScaling, ...); the harness's own (top-k, instruction, memory encoding) must agree with its flags")
     .option("--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker) that reorders the memory search's candidates before rag and dki* keep the top-k")
-    .option("--rerank-depth <n>", `with --rerank-model: candidates searched and reranked (default max(20, 4 × top-k), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH))
+    .option(...rerankDepthOption("top-k"))
     .action(async (f: MemoryFlags) => {
       const dkiConfig = f.config === undefined ? undefined : await readConfigFile(f.config);
       const embedder = await embedderOption(f.embedder);
       // Loaded before the model, so a bad folder fails fast; closed however the run ends.
-      const memoryRerank = await memoryRerankOption(f.rerankModel, f.rerankDepth);
-      try {
-        await evalMemory(f, dkiConfig, embedder, memoryRerank);
-      } finally {
-        await memoryRerank?.reranker.close();
-      }
+      await withMemoryRerank(f.rerankModel, f.rerankDepth, (memoryRerank) => evalMemory(f, dkiConfig, embedder, memoryRerank));
     });
   return group;
 }

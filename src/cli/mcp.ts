@@ -5,7 +5,7 @@
 import type { Command } from "commander";
 import { DKISystem } from "../dki/system.js";
 import { defaultCacheDir } from "../dki/open.js";
-import { EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, newSessionId, rerankDepthOption, rerankModelOption } from "./options.js";
+import { EMBEDDER_HELP, embedderOption, intOption, newSessionId, rerankDepthOption, rerankModelOption, withMemoryRerank } from "./options.js";
 import { checkCacheFolder, checkModelPath } from "./paths.js";
 import { loadOptions, systemOptions, turnConfig } from "./turn.js";
 import type { Device } from "../engine/model.js";
@@ -59,46 +59,40 @@ async function mcp(flags: McpFlags): Promise<void> {
   const embedder = await embedderOption(flags.embedder);
   // --max-memories and --memory-max-tokens (and --system) reach the chat tool's turns.
   const config = await turnConfig(flags, flags.system === undefined ? {} : { systemPrompt: flags.system });
-  const memoryRerank = await memoryRerankOption(flags.rerankModel, flags.rerankDepth);
-  const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank }).catch(async (e: unknown) => {
-    await memoryRerank?.reranker.close();
-    throw e;
-  });
-  for (const w of system.model.info.warnings) process.stderr.write(`dki: ${w}\n`);
-  const common = { system, defaultSessionId: flags.session ?? newSessionId("mcp"), version: packageVersion() };
-  const stopped = new Promise<string>((resolve) => {
-    process.once("SIGINT", () => resolve("SIGINT"));
-    process.once("SIGTERM", () => resolve("SIGTERM"));
-  });
-  try {
-    if ("user" in served) {
-      const [{ createMemoryServer }, { StdioServerTransport }] = await Promise.all([import("../integrations/mcp/server.js"), import("@modelcontextprotocol/sdk/server/stdio.js")]);
-      const server = createMemoryServer({ ...common, userId: served.user });
-      // The client closing our stdin is the end of the session.
-      const ended = new Promise<string>((resolve) => process.stdin.once("end", () => resolve("stdin closed")));
-      await server.connect(new StdioServerTransport());
-      process.stderr.write(`dki mcp: serving the memory of user ${JSON.stringify(served.user)} over stdio (data ${flags.data})\n`);
-      const why = await Promise.race([ended, stopped]);
-      await server.close();
-      await system.close();
-      // Said once everything is closed (L3 writes flushed, the store closed): the end was orderly.
-      process.stderr.write(`dki mcp: ${why}: stopped\n`);
-    } else {
-      const { serveMcpHttp } = await import("../integrations/mcp/http.js");
-      const http = await serveMcpHttp({ ...common, keys: keys!, port: served.port });
-      process.stderr.write(`dki mcp: listening on ${http.url} for ${keys!.size} key(s) (data ${flags.data})\n`);
-      const why = await stopped;
-      await http.close();
-      await system.close();
-      process.stderr.write(`dki mcp: ${why}: stopped\n`);
-    }
-  } finally {
+  await withMemoryRerank(flags.rerankModel, flags.rerankDepth, async (memoryRerank) => {
+    const system = await DKISystem.open({ model: flags.model, loadOptions: loadOptions(flags), dataDir: flags.data, cacheDir: flags.cache, embedder, config, memoryRerank });
+    for (const w of system.model.info.warnings) process.stderr.write(`dki: ${w}\n`);
+    const common = { system, defaultSessionId: flags.session ?? newSessionId("mcp"), version: packageVersion() };
+    const stopped = new Promise<string>((resolve) => {
+      process.once("SIGINT", () => resolve("SIGINT"));
+      process.once("SIGTERM", () => resolve("SIGTERM"));
+    });
     try {
-      await system.close(); // (a second close does nothing)
+      if ("user" in served) {
+        const [{ createMemoryServer }, { StdioServerTransport }] = await Promise.all([import("../integrations/mcp/server.js"), import("@modelcontextprotocol/sdk/server/stdio.js")]);
+        const server = createMemoryServer({ ...common, userId: served.user });
+        // The client closing our stdin is the end of the session.
+        const ended = new Promise<string>((resolve) => process.stdin.once("end", () => resolve("stdin closed")));
+        await server.connect(new StdioServerTransport());
+        process.stderr.write(`dki mcp: serving the memory of user ${JSON.stringify(served.user)} over stdio (data ${flags.data})\n`);
+        const why = await Promise.race([ended, stopped]);
+        await server.close();
+        await system.close();
+        // Said once everything is closed (L3 writes flushed, the store closed): the end was orderly.
+        process.stderr.write(`dki mcp: ${why}: stopped\n`);
+      } else {
+        const { serveMcpHttp } = await import("../integrations/mcp/http.js");
+        const http = await serveMcpHttp({ ...common, keys: keys!, port: served.port });
+        process.stderr.write(`dki mcp: listening on ${http.url} for ${keys!.size} key(s) (data ${flags.data})\n`);
+        const why = await stopped;
+        await http.close();
+        await system.close();
+        process.stderr.write(`dki mcp: ${why}: stopped\n`);
+      }
     } finally {
-      await memoryRerank?.reranker.close();
+      await system.close(); // (a second close does nothing)
     }
-  }
+  });
 }
 
 export function registerMcpCommand(program: Command): void {
@@ -116,6 +110,6 @@ export function registerMcpCommand(program: Command): void {
       .option("--session <id>", "the session chat turns go to when a call names none (default: a new one per run)")
       .option("--system <text>", "system prompt of chat turns")
       .option(...rerankModelOption)
-      .option(...rerankDepthOption),
+      .option(...rerankDepthOption("max memories")),
   ).action((flags: McpFlags) => mcp(flags));
 }

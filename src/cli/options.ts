@@ -124,18 +124,26 @@ export async function embedderOption(spec: string | undefined): Promise<Embedder
   return r.embedder;
 }
 
-/** The routing reranker's flags, as dki serve's: the memories of both modes picked from a deeper search. */
+/** The routing reranker's flags (dki chat, mcp, serve, eval memory): the turns' memories picked from a deeper search. */
 export const rerankModelOption = ["--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker) that picks the turn's memories from a deeper search"] as const;
-export const rerankDepthOption = [
-  "--rerank-depth <n>",
-  `with --rerank-model: memory candidates searched and reranked (default max(20, 4 × max memories), at most ${MAX_RERANK_DEPTH})`,
-  intOption("--rerank-depth", 1, MAX_RERANK_DEPTH),
-] as const;
+/** `limit`: what the command calls the memories a turn keeps ("max memories", "top-k"). */
+export const rerankDepthOption = (limit: string) =>
+  ["--rerank-depth <n>", `with --rerank-model: memory candidates searched and reranked (default max(20, 4 × ${limit}), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH)] as const;
 
 /** --rerank-model and --rerank-depth: the routing reranker (loaded now, so a bad folder is a usage error; the caller closes it), or undefined. */
 export async function memoryRerankOption(model: string | undefined, depth: number | undefined): Promise<MemoryRerank | undefined> {
   if (depth !== undefined && model === undefined) throw new Error("--rerank-depth needs --rerank-model");
   return model === undefined ? undefined : { reranker: await OnnxCrossEncoder.load(model), depth };
+}
+
+/** `fn` with the routing reranker of --rerank-model/--rerank-depth (or none), closed however `fn` ends. */
+export async function withMemoryRerank<T>(model: string | undefined, depth: number | undefined, fn: (memoryRerank: MemoryRerank | undefined) => Promise<T>): Promise<T> {
+  const memoryRerank = await memoryRerankOption(model, depth);
+  try {
+    return await fn(memoryRerank);
+  } finally {
+    await memoryRerank?.reranker.close();
+  }
 }
 
 // The engine's thread pool takes 0 (the default) to native().limits.threads (1024); written out here

@@ -10,8 +10,7 @@ import { readConfigFile } from "./config-file.js";
 import { createServer, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE } from "../server/app.js";
 import { ApiKeys } from "../server/auth.js";
 import { ServerSystems } from "../server/systems.js";
-import { MAX_RERANK_DEPTH } from "../dki/routing.js";
-import { deviceOption, EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, threadsOption } from "./options.js";
+import { deviceOption, EMBEDDER_HELP, embedderOption, intOption, memoryRerankOption, rerankDepthOption, threadsOption } from "./options.js";
 import { checkCacheFolder, checkModelPath, checkStoreExists } from "./paths.js";
 import { loadOptions } from "./turn.js";
 
@@ -112,7 +111,7 @@ export function registerServeCommand(program: Command): void {
     .option("--config <file>", "settings in a JSON or YAML file: DKIConfig's keys (maxMemories, gating, recall, …)")
     .option("--embedder <dir>", EMBEDDER_HELP)
     .option("--rerank-model <dir>", "a cross-encoder ONNX folder (e.g. models/memory-qa-reranker): it picks the memories both modes use from a deeper search, and serves RAG's cross-encoder rerank")
-    .option("--rerank-depth <n>", `with --rerank-model: memory candidates searched and reranked (default max(20, 4 × maxMemories), at most ${MAX_RERANK_DEPTH})`, intOption("--rerank-depth", 1, MAX_RERANK_DEPTH))
+    .option(...rerankDepthOption("maxMemories"))
     .option(...deviceOption)
     .option(...threadsOption)
     .option("--context-size <n>", "context window in tokens (default: the model's maximum positions, at most 4096)", intOption("--context-size", 1))
