@@ -7,7 +7,7 @@
 // those, and its τ is calibrated for the embedder, not for the reranker.
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, Reranker, SearchResult } from "../memory/types.js";
-import { isReranker, rerankerScores } from "../memory/reranker.js";
+import { byScore, isReranker, rerankerScores } from "../memory/reranker.js";
 
 export interface RouteOptions {
   userId: string;
@@ -58,6 +58,5 @@ export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, que
   const ranked = [...found].sort((a, b) => b.score - a.score || (a.memory.id < b.memory.id ? -1 : a.memory.id > b.memory.id ? 1 : 0));
   if (o.rerank === undefined || ranked.length === 0) return ranked;
   const scores = await rerankerScores(o.rerank.reranker, query, ranked.map((r) => r.memory.text), ["memory", "memories"]);
-  // Ties keep the search's order.
-  return ranked.map((r, i) => ({ r, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i).slice(0, o.limit).map((x) => x.r);
+  return byScore(ranked, scores).slice(0, o.limit).map((x) => x.item);
 }

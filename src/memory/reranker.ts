@@ -19,3 +19,8 @@ export async function rerankerScores(reranker: Reranker, query: string, texts: s
   });
   return scores;
 }
+
+/** `items` with their scores, highest first; ties keep the items' order (the search's ranking). */
+export function byScore<T>(items: readonly T[], scores: readonly number[]): { item: T; score: number }[] {
+  return items.map((item, i) => ({ item, i, score: scores[i]! })).sort((a, b) => b.score - a.score || a.i - b.i).map(({ item, score }) => ({ item, score }));
+}

@@ -21,7 +21,7 @@ import { DkiArgumentError } from "../../errors.js";
 import { cosine } from "../../memory/embedders/common.js";
 import { STOP_WORDS, terms } from "../../memory/text-terms.js";
 import type { Embedder, Reranker } from "../../memory/types.js";
-import { rerankerScores } from "../../memory/reranker.js";
+import { byScore, rerankerScores } from "../../memory/reranker.js";
 import { yesProbability, type StepRunner } from "./steps.js";
 
 export type RerankMethod = "lexical" | "llm" | "cross-encoder";
@@ -105,9 +105,9 @@ async function methodScores(method: RerankMethod, query: string, candidates: rea
 export async function rerank<C extends RerankCandidate>(method: RerankMethod, query: string, candidates: readonly C[], deps: RerankDeps): Promise<{ ranked: C[]; trace: Reranked }> {
   checkRerankMethod(method);
   const scores = await methodScores(method, query, candidates, deps);
-  const order = candidates.map((c, i) => ({ c, i, s: scores[i]! })).sort((a, b) => b.s - a.s || a.i - b.i);
+  const order = byScore(candidates, scores);
   return {
-    ranked: order.map((x) => x.c),
-    trace: { method, before: candidates.map((c) => c.id), after: order.map((x) => x.c.id), scores: Object.fromEntries(order.map((x) => [x.c.id, x.s])) },
+    ranked: order.map((x) => x.item),
+    trace: { method, before: candidates.map((c) => c.id), after: order.map((x) => x.item.id), scores: Object.fromEntries(order.map((x) => [x.item.id, x.score])) },
   };
 }
