@@ -184,8 +184,7 @@ function selfRagSummary(t: SelfRagTrace<KbSearchResult>): SelfRagSummary {
   return { ...t, rounds: t.rounds.map(({ results, ...r }) => ({ ...r, chunkIds: results.map((x) => x.chunk.id) })) };
 }
 
-/** A turn's options with the strategy applied (what the caller set explicitly stays). */
-/** A turn's options with its strategy applied; "rerank" uses the system's cross-encoder when it has one. */
+/** A turn's options with its strategy applied (what the caller set explicitly stays); "rerank" uses the system's cross-encoder when it has one. */
 function withStrategy(opts: RAGChatOptions, strategy: Strategy, rerankMethod: RerankMethod): RAGChatOptions {
   switch (strategy) {
     case "direct":
