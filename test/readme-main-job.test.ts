@@ -31,7 +31,7 @@ test("the main job runs with npm, npx and node-gyp unreachable, and leaves the b
   const [added, answer, ...rest] = r.stdout.trim().split("\n");
   expect(added).toMatch(/^added mem_\S+$/);
   expect([answer!.trim(), rest]).toEqual(["Biscuit", []]);
-  expect(r.stderr).toMatch(/^\[memories: mem_\S+ \(relevance [\d.]+\) "I have a dog named Biscuit\." \| α 1\.00 /m);
+  expect(r.stderr).toMatch(/^\[memories: mem_\S+ \(relevance [\d.]+\) "My dog is called Biscuit\." \| α 1\.00 /m);
   expect(existsSync(join(shims, "called.log")) ? readFileSync(join(shims, "called.log"), "utf8") : "").toBe("");
   expect(statSync(addon).mtimeMs).toBe(before);
 });
