@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Reruns every memory-QA report in bench/results from the committed models, in the order the
+# README's "Findings (answer quality)" cites them: the harness on the held-out synthetic test set
+# (seed 7) for both models with both routings, the long set (seed 8) for the block-aware model, the
+# part-3 block fixes on the plain model with the cross-encoder's routing (EM printed, not a report),
+# the sweeps on the plain model, and DKI against RAG at 256–1,536 memory tokens on the block-aware model.
+#
+#   bash bench/memory-qa-reports.sh [harness|long|fixes|sweeps|dki-vs-rag]...   (default: all five)
+#
+# Scores do not depend on the machine; latencies do: run it on a quiet machine (nothing else on the
+# cores; the reports note the load average). ~25 minutes on 2 cores. Needs `npm install` first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${*:-harness long fixes sweeps dki-vs-rag}"
+work=tmp/memory-qa-reports # the harness resumes from its JSONL: a fresh folder makes a fresh run
+seed7=bench/data/memory-qa-synth-heldout-seed7.json
+seed8=bench/data/memory-qa-synth-heldout-long-seed8.json
+rerank=(--rerank-model models/memory-qa-reranker --rerank-depth 100 --config bench/data/memory-qa-dki-config.json)
+eval_memory() { node bin/dki.js eval memory --alpha 1 --threads 1 "$@" > /dev/null; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has harness; then
+  for m in plain block-aware; do
+    rm -rf "$work/$m" "$work/$m-rerank"
+    eval_memory --model "models/memory-qa-$m" --data "$seed7" --out "$work/$m" --report "bench/results/memory-qa-$m-synth-heldout"
+    eval_memory --model "models/memory-qa-$m" --data "$seed7" --out "$work/$m-rerank" "${rerank[@]}" --report "bench/results/memory-qa-$m-synth-heldout-rerank"
+  done
+fi
+if has long; then
+  rm -rf "$work/long" "$work/long-rerank"
+  # every memory of a user routed (~118, ~1K tokens): TTFT at >= 1K memory tokens
+  eval_memory --model models/memory-qa-block-aware --data "$seed8" --out "$work/long" --modes none,full,rag,dki --top-k 200 --report bench/results/memory-qa-block-aware-synth-heldout-long
+  eval_memory --model models/memory-qa-block-aware --data "$seed8" --out "$work/long-rerank" "${rerank[@]}" --report bench/results/memory-qa-block-aware-synth-heldout-long-rerank
+fi
+if has fixes; then
+  # The same routing as the -rerank reports (the evidence always among the 3, best last), dki only.
+  for fix in '{"kind":"epic","recomputeTokens":4}' '{"kind":"epic","recomputeTokens":16}' '{"kind":"cacheblend","ratio":0.15}' '{"kind":"ape","temperature":0.8,"scale":1}'; do
+    name=$(node -e 'const f = JSON.parse(process.argv[1]); console.log(Object.values(f).join("-"))' "$fix")
+    mkdir -p "$work/fix-$name" && echo "{\"memoryOrder\": \"score-last\", \"blockFix\": $fix}" > "$work/fix-$name.json"
+    node bin/dki.js eval memory --alpha 1 --threads 1 --model models/memory-qa-plain --data "$seed7" --out "$work/fix-$name" --modes dki \
+      --rerank-model models/memory-qa-reranker --rerank-depth 100 --config "$work/fix-$name.json" --report "$work/fix-$name/report" |
+      node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; console.log(`${process.argv[1]}: dki EM on answerable ${(100 * m.em_answerable).toFixed(1)}% (${m.n_answerable})`); })' "$fix"
+  done
+fi
+if has sweeps; then
+  node bench/memory-sweeps.js --data "$seed7" --limit 120 --harness \
+    --note "models/memory-qa-plain as committed (it answers from memory as text, never trained on blocks); 120 held-out questions of dki eval synth --split heldout --conversations 20 --seed 7, seed-1 order"
+fi
+if has dki-vs-rag; then
+  node bench/dki-vs-rag.js --model models/memory-qa-block-aware --memory-tokens 16 --sizes 0,256,512,1024,1536
+fi
