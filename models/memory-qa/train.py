@@ -512,6 +512,9 @@ def train(variant: str, rows: list, held: list, init: Path | None, minutes: floa
         grown = {"grown_from": {"model": Path(a.grow_from).name, "parameters": sum(p.numel() for p in small.parameters()),
                                 "max_logit_difference": growth_error(small, model, held)}}
         print(variant, "grown", json.dumps(grown), flush=True)
+        if grown["grown_from"]["max_logit_difference"] > 1e-3:
+            raise SystemExit(f"the grown model does not compute what {a.grow_from} computes (logits differ by up to "
+                             f"{grown['grown_from']['max_logit_difference']:.3g}): growth is broken, nothing was trained")
     model.to(a.device).train()
     examples = [e for e in examples_of(rows) if len(e[0]) <= MAX_TOKENS]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -613,7 +616,17 @@ def main() -> None:
     a = p.parse_args()
     SHAPE.update(SHAPES[a.shape])
     if a.grow_from:
-        SHAPE["rms_norm_eps"] = grown_eps(json.loads((Path(a.grow_from) / "config.json").read_text()), SHAPE)
+        config = Path(a.grow_from) / "config.json"
+        if a.only == "block-aware":
+            p.error("--grow-from grows the plain model: it does nothing with --only block-aware")
+        if not config.is_file():
+            p.error(f"--grow-from {a.grow_from}: no config.json there (a model folder train.py saved)")
+        small = json.loads(config.read_text())
+        grows = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads") if SHAPE[k] < small[k]]
+        if grows or small["head_dim"] != SHAPE["head_dim"] or small["num_attention_heads"] // small["num_key_value_heads"] != SHAPE["num_attention_heads"] // SHAPE["num_key_value_heads"]:
+            p.error(f"--grow-from {a.grow_from}: --shape {a.shape} must be at least as large in every dimension"
+                    f"{' (smaller: ' + ', '.join(grows) + ')' if grows else ''}, with the same head_dim and query heads per K/V head")
+        SHAPE["rms_norm_eps"] = grown_eps(small, SHAPE)
     MODELS = Path(a.out).resolve()
     logs = HERE / "logs" if MODELS == (ROOT / "models").resolve() else MODELS / "memory-qa-logs"
     logs.mkdir(parents=True, exist_ok=True)
