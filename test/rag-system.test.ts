@@ -115,6 +115,42 @@ describe("RAGSystem", () => {
     await store.close();
   });
 
+  test('gating.relevanceSignal "rerank": the gate reads the routing reranker\'s scores, which routing returns beside the search\'s', async () => {
+    const data = tempDir();
+    await seed(data);
+    const reranker: Reranker = {
+      id: "topic",
+      score: async (_q, ps) => ps.map((p) => (p.includes("ramen") ? 0.9 : p.includes("peanuts") ? 0.8 : 0.1)),
+      close: async () => {},
+    };
+    const store = await MemoryStore.open({ dir: data });
+    const routed = await routeMemories(store, QUERY, { userId: "alice", limit: 2, rerank: { reranker } });
+    const plain = await routeMemories(store, QUERY, { userId: "alice", limit: 2 });
+    await store.close();
+    expect(routed.map((r) => r.rerank)).toEqual([0.9, 0.8]);
+    expect(plain.every((r) => r.rerank === undefined)).toBe(true);
+    const open = (tau: number | undefined, rerank = true) =>
+      DKISystem.open({
+        model, dataDir: data, cacheDir: tempDir(), openStore, ...(rerank ? { memoryRerank: { reranker } } : {}),
+        config: { maxMemories: 2, historyEnabled: false, preferenceEnabled: false, gating: { relevanceSignal: "rerank", alphaMin: 1, alphaMax: 1, ...(tau === undefined ? {} : { relevanceThreshold: tau }) } },
+      });
+    // τ 0.85: ramen (0.9) opens the gate and is injected; peanuts (0.8) is below τ and left out, saying so.
+    const dki = await open(0.85);
+    const d = await dki.chat(QUERY, { userId: "alice", sessionId: "s1", maxNewTokens: 2 });
+    // τ 0.95: no memory is relevant enough: nothing is injected.
+    const none = await dki.chat(QUERY, { userId: "alice", sessionId: "s2", maxNewTokens: 2, relevanceThreshold: 0.95 });
+    await dki.close();
+    expect(d.gating.inject).toBe(true);
+    expect(d.gating.relevance).toBe(0.9);
+    expect(d.memoriesUsed.map((m) => [m.text, m.relevance])).toEqual([[MEMORIES[4], 0.9]]);
+    expect(d.metadata.memoriesLeftOut).toEqual([{ id: routed[1]!.memory.id, reason: "relevance 0.800 is below the threshold 0.850" }]);
+    expect(none.gating.inject).toBe(false);
+    expect(none.memoriesUsed).toEqual([]);
+    // Without a reranker there is nothing to read; without its own τ, the embedder's (for cosines) would be taken.
+    await expect(open(0.5, false)).rejects.toThrow(/relevanceSignal "rerank" gates on the routing reranker's scores: give memoryRerank/);
+    await expect(open(undefined)).rejects.toThrow(/relevanceSignal "rerank" needs config.gating.relevanceThreshold/);
+  });
+
   test("a turn: the seed's prompt, streamed tokens, TTFT, and user/assistant/audit rows with injection_mode rag", async () => {
     const data = tempDir();
     await seed(data);

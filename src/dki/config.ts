@@ -56,8 +56,11 @@ export const CACHEBLEND_DEFAULT_RATIO = 0.15;
  * similarity of query and memory, an absolute measure. "fused": the store's fused score, which
  * under its default RRF fusion is rank-based (the top hit scores about 1 whatever the query), so
  * it orders memories well but cannot say whether any is relevant; use it with weighted fusion.
+ * "rerank": the score in [0, 1] of the routing reranker (memoryRerank), which reads query and memory
+ * together; it needs memoryRerank and a relevanceThreshold of its own (the embedder's calibrated τ
+ * is for cosines).
  */
-export type RelevanceSignal = "dense" | "fused";
+export type RelevanceSignal = "dense" | "fused" | "rerank";
 
 /**
  * Where gating's τ came from: "config" (the caller set gating.relevanceThreshold), "embedder" (the
@@ -208,7 +211,10 @@ export function resolveConfig(input: DKIConfigInput = {}, embedder?: Pick<Embedd
   const choice = (name: string, v: unknown, choices: readonly string[]) => {
     if (!choices.includes(v as string)) throw new DkiArgumentError(`config.${name} must be one of ${choices.map((x) => JSON.stringify(x)).join(", ")}, got ${shown(v)}`);
   };
-  choice("gating.relevanceSignal", g.relevanceSignal, ["dense", "fused"]);
+  choice("gating.relevanceSignal", g.relevanceSignal, ["dense", "fused", "rerank"]);
+  if (g.relevanceSignal === "rerank" && g.relevanceThresholdSource !== "config") {
+    throw new DkiArgumentError("config.gating.relevanceSignal \"rerank\" needs config.gating.relevanceThreshold: the reranker's scores are not the embedder's cosines its calibrated τ is for");
+  }
   for (const k of ["relevanceThreshold", "minMargin", "entropyWeight", "relevanceWeight", "marginWeight"] as const) finite(`gating.${k}`, g[k]);
   unit("gating.alphaMin", g.alphaMin);
   unit("gating.alphaMax", g.alphaMax);

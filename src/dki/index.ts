@@ -8,7 +8,7 @@ export { assembleBlocks, canonicalStart, type Assembly, type AssembledBlock, typ
 export { applyBlockFix, type BlendModel } from "./assembly.js";
 export { analyzeBudget, layerCostMs, type BudgetAnalysis, type BudgetFigures, type LatencyBreakdown } from "./budget.js";
 export { FlatHistoryProvider, type HistoryProvider, type HistoryRequest, type HistorySuffix } from "./history.js";
-export { routeMemories, type RouteOptions, type MemoryRerank, type RoutedMemory } from "./routing.js";
+export { routeMemories, type RouteOptions, type MemoryRerank, type Routed, type RoutedMemory } from "./routing.js";
 export { FairQueue } from "./fair-queue.js";
 export {
   buildHybridPrompt,

@@ -3,8 +3,8 @@
 //
 // With a reranker, the store's hybrid search only proposes candidates (a deeper search than the
 // turn keeps; a memory that shares no signal with the query is not among them) and the reranker, which reads the query and each memory together, decides which of
-// them reach the model and in what order. The memories keep the search's scores: gating reads
-// those, and its τ is calibrated for the embedder, not for the reranker.
+// them reach the model and in what order. The memories keep the search's scores and carry the
+// reranker's beside them (`rerank`), which gating reads with relevanceSignal "rerank".
 import { DkiArgumentError } from "../errors.js";
 import type { Filter, MemoryStoreApi, Reranker, SearchResult } from "../memory/types.js";
 import { byScore, isReranker, rerankerScores } from "../memory/reranker.js";
@@ -28,6 +28,11 @@ export interface MemoryRerank {
 
 export const MAX_RERANK_DEPTH = 100;
 
+/** A memory as routing returns it: the search's result and, when a reranker ordered them, its score in [0, 1]. */
+export interface Routed extends SearchResult {
+  rerank?: number;
+}
+
 /** A memory as routing returned it, in its order: a turn's response lists them (metadata.routed). */
 export interface RoutedMemory {
   id: string;
@@ -46,7 +51,7 @@ export function checkMemoryRerank(r: MemoryRerank | undefined): void {
 }
 
 /** The user's memories for a query, best first (ties by id, so the order is deterministic; with a reranker, its order). */
-export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, query: string, o: RouteOptions): Promise<SearchResult[]> {
+export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, query: string, o: RouteOptions): Promise<Routed[]> {
   if (typeof query !== "string" || query.trim() === "") throw new DkiArgumentError("the query is empty");
   if (typeof o.userId !== "string" || o.userId === "") throw new DkiArgumentError("userId must be a non-empty string");
   if (o.limit === 0) return [];
@@ -58,5 +63,5 @@ export async function routeMemories(store: Pick<MemoryStoreApi, "memories">, que
   const ranked = [...found].sort((a, b) => b.score - a.score || (a.memory.id < b.memory.id ? -1 : a.memory.id > b.memory.id ? 1 : 0));
   if (o.rerank === undefined || ranked.length === 0) return ranked;
   const scores = await rerankerScores(o.rerank.reranker, query, ranked.map((r) => r.memory.text), ["memory", "memories"]);
-  return byScore(ranked, scores).slice(0, o.limit).map((x) => x.item);
+  return byScore(ranked, scores).slice(0, o.limit).map((x) => ({ ...x.item, rerank: x.score }));
 }

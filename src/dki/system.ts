@@ -19,7 +19,7 @@ import type { Model, InjectionOptions, PositionStrategy, Segment } from "../engi
 import type { FinishReason, GenerateResult } from "../engine/generate.js";
 import type { TieredKVCache, CacheStats, Tier } from "../cache/tiered-cache.js";
 import { DkiArgumentError } from "../errors.js";
-import type { MemoryStoreApi, SearchResult } from "../memory/types.js";
+import type { MemoryStoreApi } from "../memory/types.js";
 import { afterBos, applyBlockFix, assembleBlocks, systemTurnTokens, type Assembly, type BlockSpec } from "./assembly.js";
 import { addBlockLoads, analyzeBudget, emptyLatency, layerCostMs, type BudgetAnalysis, type LatencyBreakdown } from "./budget.js";
 import type { BlockFix, DKIConfig, EncodingPrefix, MemoryEncoding, MemoryOrder } from "./config.js";
@@ -28,7 +28,7 @@ import { checkForceAlpha, decideGating, type GatingDecision } from "./gating.js"
 import { checkTurn, closeSystem, openSystem, SessionTurns, TurnLedger, type SystemOpenOptions, type TurnOptions } from "./open.js";
 import { FlatHistoryProvider, type HistoryProvider, type HistorySuffix } from "./history.js";
 import { buildHybridPrompt, detectLanguage, mergePreferences, renderPrompt, TokenMemo, type HistoryLanguage, type HistoryMessage, type HybridPrompt } from "./prompt.js";
-import { routedList, routeMemories, type MemoryRerank, type RoutedMemory } from "./routing.js";
+import { routedList, routeMemories, type MemoryRerank, type Routed, type RoutedMemory } from "./routing.js";
 import { RecallHistoryProvider, type RecallOutcome } from "../recall/provider.js";
 import { runFactCallLoop, type FactCallRound, type FactLoopResult } from "../recall/facts.js";
 import { formattedTokenizer, type FormattableTokenizer } from "../recall/formatters.js";
@@ -163,7 +163,7 @@ export interface DKIStats {
 
 /** A turn's routing, prompt and preference text, before the model is involved. */
 interface Plan {
-  routed: SearchResult[];
+  routed: Routed[];
   prompt: HybridPrompt;
   history: HistorySuffix | null;
   language: HistoryLanguage;
@@ -215,6 +215,9 @@ export class DKISystem {
       const cache = await p.openCache();
       const { store, config } = await p.openStore();
       const fix = config.blockFix.kind;
+      if (config.gating.relevanceSignal === "rerank" && o.memoryRerank === undefined) {
+        throw new DkiArgumentError('config.gating.relevanceSignal "rerank" gates on the routing reranker\'s scores: give memoryRerank');
+      }
       // (What was opened is closed again by openSystem.)
       if (p.model.info.device === "cuda" && (fix === "cacheblend" || fix === "ape")) {
         throw new DkiArgumentError(`config.blockFix ${JSON.stringify(fix)} runs on the CPU only; this model is loaded on CUDA (use "none" or "epic" there)`);
@@ -389,7 +392,7 @@ export class DKISystem {
     const c = this.config;
     const g = opts.relevanceThreshold === undefined ? c.gating : { ...c.gating, relevanceThreshold: opts.relevanceThreshold };
     let t = performance.now();
-    const relevance = (r: SearchResult) => (g.relevanceSignal === "dense" ? r.signals.dense : r.score);
+    const relevance = (r: Routed) => (g.relevanceSignal === "dense" ? r.signals.dense : g.relevanceSignal === "rerank" ? r.rerank! : r.score);
     const scores = plan.routed.map(relevance).sort((a, b) => b - a);
     const gating = await decideGating(g, { scores, forceAlpha: opts.forceAlpha, allowInjection: opts.allowInjection }, async () => {
       const tp = performance.now();
@@ -401,7 +404,7 @@ export class DKISystem {
     });
     lat.gatingMs = performance.now() - t;
 
-    const memories: { r: SearchResult; tokens: readonly number[] }[] = [];
+    const memories: { r: Routed; tokens: readonly number[] }[] = [];
     const leftOut: LeftOut[] = [];
     if (gating.inject) {
       let budget = c.memoryMaxTokens;
