@@ -3,15 +3,16 @@
 # README's "Findings (answer quality)" cites them: the harness on the held-out synthetic test set
 # (seed 7) for both models with both routings, the long set (seed 8) for the block-aware model, the
 # part-3 block fixes on the plain model with the cross-encoder's routing (EM printed, not a report),
-# the sweeps on the plain model, and DKI against RAG at 256–1,536 memory tokens on the block-aware model.
+# the gate on the cross-encoder's score against forced α on the validation set (seed 37; never the
+# test set: bench/results/memory-qa-gate-validation.md), the sweeps on the plain model, and DKI against RAG at 256–1,536 memory tokens on the block-aware model.
 #
-#   bash bench/memory-qa-reports.sh [harness|long|fixes|sweeps|dki-vs-rag]...   (default: all five)
+#   bash bench/memory-qa-reports.sh [harness|long|fixes|gate|sweeps|dki-vs-rag]...   (default: all six)
 #
 # Scores do not depend on the machine; latencies do: run it on a quiet machine (nothing else on the
 # cores; the reports note the load average). ~25 minutes on 2 cores. Needs `npm install` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${*:-harness long fixes sweeps dki-vs-rag}"
+steps="${*:-harness long fixes gate sweeps dki-vs-rag}"
 work=tmp/memory-qa-reports # the harness resumes from its JSONL: a fresh folder makes a fresh run
 seed7=bench/data/memory-qa-synth-heldout-seed7.json
 seed8=bench/data/memory-qa-synth-heldout-long-seed8.json
@@ -41,6 +42,38 @@ if has fixes; then
       --rerank-model models/memory-qa-reranker --rerank-depth 100 --config "$work/fix-$name.json" --report "$work/fix-$name/report" |
       node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; console.log(`${process.argv[1]}: dki EM on answerable ${(100 * m.em_answerable).toFixed(1)}% (${m.n_answerable})`); })' "$fix"
   done
+fi
+if has gate; then
+  # The validation set: the 100 held-out conversations of seed 37 the reranker was validated on.
+  val="$work/validation-seed37.json"
+  node bin/dki.js eval synth --split heldout --conversations 100 --seed 37 --out "$val" 2> /dev/null
+  table=bench/results/memory-qa-gate-validation.md
+  {
+    echo "# memory-qa-gate-validation"
+    echo
+    echo "The block-aware model's dki mode with the cross-encoder routing (top 3 of all of a user's memories, best last) on 500"
+    echo "questions (seed-1 order) of the validation set (dki eval synth --split heldout --conversations 100 --seed 37), α forced"
+    echo "to 1 against the gate reading the reranker's score (relevanceSignal \"rerank\", α clamped to 1) at each τ."
+    echo "EM: over all questions (an unanswerable one is right when answered \"not mentioned\"). $(date -u +%FT%TZ), $(nproc) cores."
+    echo
+    echo "| setting | EM | EM answerable | abstention |"
+    echo "| --- | ---: | ---: | ---: |"
+  } > "$table"
+  for tau in forced 0.05 0.1 0.2 0.3 0.5 0.7; do
+    out="$work/gate-$tau"
+    rm -rf "$out" && mkdir -p "$out"
+    if [ "$tau" = forced ]; then
+      echo '{"memoryOrder": "score-last"}' > "$out.json"; alpha=(--alpha 1)
+    else
+      echo "{\"memoryOrder\": \"score-last\", \"gating\": {\"relevanceSignal\": \"rerank\", \"relevanceThreshold\": $tau, \"alphaMin\": 1, \"alphaMax\": 1}}" > "$out.json"; alpha=()
+    fi
+    node bin/dki.js eval memory --threads 1 "${alpha[@]}" --model models/memory-qa-block-aware --data "$val" --out "$out" --modes dki --limit 500 --seed 1 \
+      --rerank-model models/memory-qa-reranker --rerank-depth 100 --config "$out.json" --report "$out/report" 2> /dev/null |
+      node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; const p = (x) => (100 * x).toFixed(1); console.log(`| ${process.argv[1] === "forced" ? "α forced to 1" : "gated, τ " + process.argv[1]} | ${p(m.em)} | ${p(m.em_answerable)} | ${p(m.abstention)} |`); })' "$tau" >> "$table"
+  done
+  { echo; echo "The reranker's top score among a user's memories, by question (bench/reranker-scores.mjs on the forced run):"; echo
+    node bench/reranker-scores.mjs "$work/gate-forced"; } >> "$table"
+  cat "$table"
 fi
 if has sweeps; then
   node bench/memory-sweeps.js --data "$seed7" --limit 120 --harness \
