@@ -9,7 +9,7 @@
 #   bash bench/memory-qa-reports.sh [harness|long|fixes|gate|sweeps|dki-vs-rag]...   (default: all six)
 #
 # Scores do not depend on the machine; latencies do: run it on a quiet machine (nothing else on the
-# cores; the reports note the load average). ~25 minutes on 2 cores. Needs `npm install` first.
+# cores; the reports note the load average). ~15 minutes on 2 cores. Needs `npm install` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${*:-harness long fixes gate sweeps dki-vs-rag}"
