@@ -215,9 +215,6 @@ export class DKISystem {
       const cache = await p.openCache();
       const { store, config } = await p.openStore();
       const fix = config.blockFix.kind;
-      if (config.gating.relevanceSignal === "rerank" && o.memoryRerank === undefined) {
-        throw new DkiArgumentError('config.gating.relevanceSignal "rerank" gates on the routing reranker\'s scores: give memoryRerank');
-      }
       // (What was opened is closed again by openSystem.)
       if (p.model.info.device === "cuda" && (fix === "cacheblend" || fix === "ape")) {
         throw new DkiArgumentError(`config.blockFix ${JSON.stringify(fix)} runs on the CPU only; this model is loaded on CUDA (use "none" or "epic" there)`);
@@ -225,6 +222,11 @@ export class DKISystem {
       const r = config.recall;
       const history = o.history ? o.history(store) : r.enabled && r.strategy === "summary_with_fact_call" ? new RecallHistoryProvider(store, store.embedder, r) : new FlatHistoryProvider(store);
       return new DKISystem(p.model, p.ownsModel, store, cache, config, history, o.memoryRerank);
+    }, () => {
+      // Checked with the other settings, before any model is loaded or folder opened.
+      if (o.config?.gating?.relevanceSignal === "rerank" && o.memoryRerank === undefined) {
+        throw new DkiArgumentError('config.gating.relevanceSignal "rerank" gates on the routing reranker\'s scores: give memoryRerank');
+      }
     });
   }
 
