@@ -16,8 +16,15 @@ steps="${*:-harness long fixes gate sweeps dki-vs-rag}"
 work=tmp/memory-qa-reports # the harness resumes from its JSONL: a fresh folder makes a fresh run
 seed7=bench/data/memory-qa-synth-heldout-seed7.json
 seed8=bench/data/memory-qa-synth-heldout-long-seed8.json
-rerank=(--rerank-model models/memory-qa-reranker --rerank-depth 100 --config bench/data/memory-qa-dki-config.json)
+reranker=(--rerank-model models/memory-qa-reranker --rerank-depth 100)
+rerank=("${reranker[@]}" --config bench/data/memory-qa-dki-config.json)
 eval_memory() { node bin/dki.js eval memory --alpha 1 --threads 1 "$@" > /dev/null; }
+# The dki mode alone, routed by the cross-encoder: prints its EM, EM on the answerable questions and
+# abstention (%), and the number of answerable questions.
+dki_scores() {
+  node bin/dki.js eval memory --threads 1 --modes dki "${reranker[@]}" "$@" 2> /dev/null |
+    node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; const p = (x) => (100 * x).toFixed(1); console.log(p(m.em), p(m.em_answerable), p(m.abstention), m.n_answerable); })'
+}
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 if has harness; then
@@ -38,9 +45,9 @@ if has fixes; then
   for fix in '{"kind":"epic","recomputeTokens":4}' '{"kind":"epic","recomputeTokens":16}' '{"kind":"cacheblend","ratio":0.15}' '{"kind":"ape","temperature":0.8,"scale":1}'; do
     name=$(node -e 'const f = JSON.parse(process.argv[1]); console.log(Object.values(f).join("-"))' "$fix")
     mkdir -p "$work/fix-$name" && echo "{\"memoryOrder\": \"score-last\", \"blockFix\": $fix}" > "$work/fix-$name.json"
-    node bin/dki.js eval memory --alpha 1 --threads 1 --model models/memory-qa-plain --data "$seed7" --out "$work/fix-$name" --modes dki \
-      --rerank-model models/memory-qa-reranker --rerank-depth 100 --config "$work/fix-$name.json" --report "$work/fix-$name/report" |
-      node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; console.log(`${process.argv[1]}: dki EM on answerable ${(100 * m.em_answerable).toFixed(1)}% (${m.n_answerable})`); })' "$fix"
+    scores=$(dki_scores --alpha 1 --model models/memory-qa-plain --data "$seed7" --out "$work/fix-$name" --config "$work/fix-$name.json" --report "$work/fix-$name/report")
+    read -r _ answerable _ n <<< "$scores"
+    echo "$fix: dki EM on answerable $answerable% ($n)"
   done
 fi
 if has gate; then
@@ -63,13 +70,13 @@ if has gate; then
     out="$work/gate-$tau"
     rm -rf "$out" && mkdir -p "$out"
     if [ "$tau" = forced ]; then
-      echo '{"memoryOrder": "score-last"}' > "$out.json"; alpha=(--alpha 1)
+      echo '{"memoryOrder": "score-last"}' > "$out.json"; alpha=(--alpha 1); setting="α forced to 1"
     else
-      echo "{\"memoryOrder\": \"score-last\", \"gating\": {\"relevanceSignal\": \"rerank\", \"relevanceThreshold\": $tau, \"alphaMin\": 1, \"alphaMax\": 1}}" > "$out.json"; alpha=()
+      echo "{\"memoryOrder\": \"score-last\", \"gating\": {\"relevanceSignal\": \"rerank\", \"relevanceThreshold\": $tau, \"alphaMin\": 1, \"alphaMax\": 1}}" > "$out.json"; alpha=(); setting="gated, τ $tau"
     fi
-    node bin/dki.js eval memory --threads 1 "${alpha[@]}" --model models/memory-qa-block-aware --data "$val" --out "$out" --modes dki --limit 500 --seed 1 \
-      --rerank-model models/memory-qa-reranker --rerank-depth 100 --config "$out.json" --report "$out/report" 2> /dev/null |
-      node -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => { const m = JSON.parse(s).modes[0]; const p = (x) => (100 * x).toFixed(1); console.log(`| ${process.argv[1] === "forced" ? "α forced to 1" : "gated, τ " + process.argv[1]} | ${p(m.em)} | ${p(m.em_answerable)} | ${p(m.abstention)} |`); })' "$tau" >> "$table"
+    scores=$(dki_scores "${alpha[@]}" --model models/memory-qa-block-aware --data "$val" --out "$out" --limit 500 --seed 1 --config "$out.json" --report "$out/report")
+    read -r em answerable abstention _ <<< "$scores"
+    echo "| $setting | $em | $answerable | $abstention |" >> "$table"
   done
   { echo; echo "The reranker's top score among a user's memories, by question (bench/reranker-scores.mjs on the forced run):"; echo
     node bench/reranker-scores.mjs "$work/gate-forced"; } >> "$table"
